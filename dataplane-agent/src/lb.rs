@@ -1,0 +1,393 @@
+//! The load-balancing table: a pure function from the local cluster's ServiceImports and
+//! imported EndpointSlices to frontends and their ordered backends.
+//!
+//! This implements ARCHITECTURE.md §4. For a ServiceImport S, merged port P and family F in
+//! `S.spec.ipFamilies`, the frontend is (S's ClusterSet IP of family F, P.port, P.protocol), and
+//! its backends are the endpoints that
+//! - are in an imported EndpointSlice of S (label `multicluster.kubernetes.io/service-name`, same
+//!   namespace) from cluster C (label `multicluster.kubernetes.io/source-cluster`) whose
+//!   `addressType` is F;
+//! - sit in a slice that carries a port with P's name and protocol. The merge writes into C's
+//!   slices only the ports that C's Service declares identically to a merged port, so this is the
+//!   "C declares P" test. Unnamed ports match unnamed ports only, never everything;
+//! - are ready, or, when no endpoint of the frontend is ready, serving and terminating;
+//!
+//! and the backend port is that slice port's number. Two Service ports that share a targetPort
+//! are two slice ports with different names, so each keeps its backends.
+//!
+//! Problems in the input never abort the build: the offending object or port is skipped and
+//! reported in [`LbTable::warnings`], and every other service is built as usual.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    net::IpAddr,
+};
+
+use serde::Serialize;
+
+use crate::model::{
+    ClusterId, EndpointSlice, IpFamily, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, NamespacedName,
+    ServiceImport, ServiceImportType,
+};
+
+/// Kubernetes' default ClientIP affinity timeout (3 hours).
+pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10800;
+
+/// An L4 protocol the socket load balancer translates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    /// Parses a Kubernetes protocol; `None` means TCP. SCTP and unknown values are not
+    /// translated at socket level and give `Err` with the value.
+    pub fn parse(p: Option<&str>) -> Result<Self, String> {
+        match p.unwrap_or("TCP") {
+            "TCP" => Ok(Protocol::Tcp),
+            "UDP" => Ok(Protocol::Udp),
+            other => Err(other.to_owned()),
+        }
+    }
+
+    pub fn ip_proto(self) -> u8 {
+        match self {
+            Protocol::Tcp => dataplane_ebpf::IPPROTO_TCP,
+            Protocol::Udp => dataplane_ebpf::IPPROTO_UDP,
+        }
+    }
+
+    pub fn from_ip_proto(p: u8) -> Option<Self> {
+        match p {
+            dataplane_ebpf::IPPROTO_TCP => Some(Protocol::Tcp),
+            dataplane_ebpf::IPPROTO_UDP => Some(Protocol::Udp),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+        })
+    }
+}
+
+/// Where clients connect: a ClusterSet IP, a port and a protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct FrontendAddr {
+    pub ip: IpAddr,
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+impl fmt::Display for FrontendAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.ip {
+            IpAddr::V4(ip) => write!(f, "{ip}:{}/{}", self.port, self.protocol),
+            IpAddr::V6(ip) => write!(f, "[{ip}]:{}/{}", self.port, self.protocol),
+        }
+    }
+}
+
+/// One endpoint a frontend forwards to.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct Backend {
+    pub cluster: ClusterId,
+    pub ip: IpAddr,
+    pub port: u16,
+}
+
+/// A frontend and what it forwards to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Frontend {
+    pub service: NamespacedName,
+    /// The merged port's name ("" for an unnamed port).
+    pub port_name: String,
+    /// ClientIP affinity timeout in seconds, when the import has ClientIP affinity.
+    pub affinity_timeout_s: Option<u32>,
+    /// Sorted by (cluster, ip, port), without duplicates. Empty means "refuse".
+    pub backends: Vec<Backend>,
+}
+
+/// Something in the input that was skipped, with the object it concerns.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct LbWarning {
+    /// `ServiceImport ns/name` or `EndpointSlice ns/name`.
+    pub object: String,
+    pub message: String,
+}
+
+impl fmt::Display for LbWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.object, self.message)
+    }
+}
+
+/// The whole desired load-balancing state of a node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LbTable {
+    pub frontends: BTreeMap<FrontendAddr, Frontend>,
+    /// Every ClusterSet IP, with the service that owns it. Ports a VIP does not serve are refused.
+    pub vips: BTreeMap<IpAddr, NamespacedName>,
+    pub warnings: Vec<LbWarning>,
+}
+
+impl LbTable {
+    /// The services present in the table (owners of a VIP).
+    pub fn services(&self) -> BTreeSet<&NamespacedName> {
+        self.vips.values().collect()
+    }
+}
+
+/// A usable endpoint of one slice, before port selection.
+struct SliceEndpoint {
+    ip: IpAddr,
+    ready: bool,
+    serving_terminating: bool,
+}
+
+/// An imported slice reduced to what routing needs.
+struct ImportedSlice {
+    cluster: ClusterId,
+    family: IpFamily,
+    /// (name, protocol) → port number.
+    ports: BTreeMap<(String, Protocol), u16>,
+    endpoints: Vec<SliceEndpoint>,
+}
+
+fn parse_family(address_type: &str) -> Option<IpFamily> {
+    address_type.parse().ok()
+}
+
+/// Reads the slices of every service, skipping (and reporting) malformed ones.
+fn index_slices(
+    slices: &[EndpointSlice],
+    warnings: &mut Vec<LbWarning>,
+) -> BTreeMap<NamespacedName, Vec<ImportedSlice>> {
+    let mut by_service: BTreeMap<NamespacedName, Vec<ImportedSlice>> = BTreeMap::new();
+    for slice in slices {
+        let id = NamespacedName::of(&slice.metadata);
+        let object = format!("EndpointSlice {id}");
+        let mut warn = |message: String| {
+            warnings.push(LbWarning {
+                object: object.clone(),
+                message,
+            })
+        };
+        let labels = slice.metadata.labels.clone().unwrap_or_default();
+        let Some(service) = labels.get(LABEL_SERVICE_NAME) else {
+            warn(format!("no {LABEL_SERVICE_NAME} label; not an imported slice"));
+            continue;
+        };
+        let cluster = match labels.get(LABEL_SOURCE_CLUSTER).map(ClusterId::new) {
+            Some(Ok(c)) => c,
+            Some(Err(e)) => {
+                warn(e.to_string());
+                continue;
+            }
+            None => {
+                warn(format!("no {LABEL_SOURCE_CLUSTER} label"));
+                continue;
+            }
+        };
+        let Some(family) = parse_family(&slice.address_type) else {
+            warn(format!(
+                "addressType {:?} is not IPv4 or IPv6",
+                slice.address_type
+            ));
+            continue;
+        };
+        let mut ports = BTreeMap::new();
+        for p in slice.ports.iter().flatten() {
+            let name = p.name.clone().unwrap_or_default();
+            let protocol = match Protocol::parse(p.protocol.as_deref()) {
+                Ok(proto) => proto,
+                Err(other) => {
+                    warn(format!(
+                        "port {name:?}: protocol {other} is not load-balanced at socket level"
+                    ));
+                    continue;
+                }
+            };
+            let Some(number) = p.port.and_then(|n| u16::try_from(n).ok()).filter(|n| *n > 0)
+            else {
+                warn(format!("port {name:?}: port {:?} is not in 1..65535", p.port));
+                continue;
+            };
+            if ports.insert((name.clone(), protocol), number).is_some() {
+                warn(format!(
+                    "port {name:?}/{protocol} appears twice; the last one is used"
+                ));
+            }
+        }
+        let mut endpoints = Vec::new();
+        for ep in &slice.endpoints {
+            let cond = ep.conditions.clone().unwrap_or_default();
+            // EndpointConditions: a nil `ready` means ready, a nil `serving` means `ready`.
+            let ready = cond.ready.unwrap_or(true);
+            let serving = cond.serving.unwrap_or(ready);
+            let terminating = cond.terminating.unwrap_or(false);
+            for addr in &ep.addresses {
+                match addr.parse::<IpAddr>() {
+                    Ok(ip) if IpFamily::of(&ip) == family => endpoints.push(SliceEndpoint {
+                        ip,
+                        ready,
+                        serving_terminating: serving && terminating,
+                    }),
+                    Ok(ip) => warn(format!(
+                        "address {ip} does not match addressType {family}; skipped"
+                    )),
+                    Err(_) => warn(format!("address {addr:?} is not an IP address; skipped")),
+                }
+            }
+        }
+        by_service
+            .entry(NamespacedName::new(id.namespace.clone(), service.clone()))
+            .or_default()
+            .push(ImportedSlice {
+                cluster,
+                family,
+                ports,
+                endpoints,
+            });
+    }
+    by_service
+}
+
+/// Builds the table. The result depends only on the set of inputs, not on their order.
+pub fn build(imports: &[ServiceImport], slices: &[EndpointSlice]) -> LbTable {
+    let mut table = LbTable::default();
+    let slices_by_service = index_slices(slices, &mut table.warnings);
+
+    // Sorted, so a VIP claimed twice goes to the same import whatever the input order.
+    let mut sorted: Vec<&ServiceImport> = imports.iter().collect();
+    sorted.sort_by_key(|si| NamespacedName::of(&si.metadata));
+    sorted.dedup_by_key(|si| NamespacedName::of(&si.metadata));
+
+    for si in sorted {
+        let service = NamespacedName::of(&si.metadata);
+        let object = format!("ServiceImport {service}");
+        let mut warn = |message: String| {
+            table.warnings.push(LbWarning {
+                object: object.clone(),
+                message,
+            })
+        };
+        if si.spec.type_ == ServiceImportType::Headless {
+            continue;
+        }
+        let affinity_timeout_s = (si.spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+            si.spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds)
+                .and_then(|t| u32::try_from(t).ok())
+                .filter(|t| *t > 0)
+                .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_S)
+        });
+        let service_slices = slices_by_service
+            .get(&service)
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+
+        // ips[i] is the VIP of ipFamilies[i]; when ipFamilies is empty each IP's own family counts.
+        let mut vips: Vec<(IpFamily, IpAddr)> = Vec::new();
+        for (i, raw) in si.spec.ips.iter().enumerate() {
+            let Ok(ip) = raw.parse::<IpAddr>() else {
+                warn(format!("ips[{i}] {raw:?} is not an IP address; skipped"));
+                continue;
+            };
+            let family = IpFamily::of(&ip);
+            if let Some(declared) = si.spec.ip_families.get(i)
+                && *declared != family
+            {
+                warn(format!(
+                    "ips[{i}] {ip} is not of ipFamilies[{i}] {declared}; skipped"
+                ));
+                continue;
+            }
+            if vips.iter().any(|(f, _)| *f == family) {
+                warn(format!("a second {family} ClusterSet IP {ip}; skipped"));
+                continue;
+            }
+            if let Some(owner) = table.vips.get(&ip) {
+                warn(format!("ClusterSet IP {ip} already belongs to {owner}; skipped"));
+                continue;
+            }
+            vips.push((family, ip));
+        }
+
+        let mut ports_seen = BTreeSet::new();
+        let mut ports = Vec::new();
+        for p in &si.spec.ports {
+            let name = p.name.clone().unwrap_or_default();
+            let protocol = match Protocol::parse(p.protocol.as_deref()) {
+                Ok(proto) => proto,
+                Err(other) => {
+                    warn(format!(
+                        "port {name:?}: protocol {other} is not load-balanced at socket level"
+                    ));
+                    continue;
+                }
+            };
+            let Some(number) = u16::try_from(p.port).ok().filter(|n| *n > 0) else {
+                warn(format!("port {name:?}: {} is not in 1..65535", p.port));
+                continue;
+            };
+            if !ports_seen.insert((number, protocol)) {
+                warn(format!("port {number}/{protocol} is listed twice; skipped"));
+                continue;
+            }
+            ports.push((name, protocol, number));
+        }
+
+        for (family, vip) in vips {
+            table.vips.insert(vip, service.clone());
+            for (name, protocol, number) in &ports {
+                let mut ready = BTreeSet::new();
+                let mut fallback = BTreeSet::new();
+                for slice in service_slices.iter().filter(|s| s.family == family) {
+                    let Some(target) = slice.ports.get(&(name.clone(), *protocol)) else {
+                        continue;
+                    };
+                    for ep in &slice.endpoints {
+                        let backend = Backend {
+                            cluster: slice.cluster.clone(),
+                            ip: ep.ip,
+                            port: *target,
+                        };
+                        if ep.ready {
+                            ready.insert(backend);
+                        } else if ep.serving_terminating {
+                            fallback.insert(backend);
+                        }
+                    }
+                }
+                let backends = if ready.is_empty() { fallback } else { ready };
+                table.frontends.insert(
+                    FrontendAddr {
+                        ip: vip,
+                        port: *number,
+                        protocol: *protocol,
+                    },
+                    Frontend {
+                        service: service.clone(),
+                        port_name: name.clone(),
+                        affinity_timeout_s,
+                        backends: backends.into_iter().collect(),
+                    },
+                );
+            }
+        }
+    }
+    table.warnings.sort();
+    table.warnings.dedup();
+    table
+}

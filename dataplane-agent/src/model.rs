@@ -1,0 +1,428 @@
+//! Kubernetes and MCS (KEP-1645) types.
+//!
+//! `ServiceExport` and `ServiceImport` follow `multicluster.x-k8s.io` v1beta1 (the storage
+//! version). v1alpha1 has the same schema and is accepted on input; both are generated from the
+//! one field list below so they cannot drift. Services and EndpointSlices come from k8s-openapi.
+
+use std::{collections::BTreeMap, fmt, str::FromStr};
+
+pub use k8s_openapi::{
+    api::{core::v1::Service, discovery::v1::EndpointSlice},
+    apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta},
+};
+use kube::CustomResourceExt;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub const GROUP: &str = "multicluster.x-k8s.io";
+pub const API_VERSION_V1BETA1: &str = "multicluster.x-k8s.io/v1beta1";
+pub const API_VERSION_V1ALPHA1: &str = "multicluster.x-k8s.io/v1alpha1";
+
+/// Label on imported EndpointSlices: the ServiceImport they belong to.
+pub const LABEL_SERVICE_NAME: &str = "multicluster.kubernetes.io/service-name";
+/// Label on imported EndpointSlices: the cluster id the endpoints come from.
+pub const LABEL_SOURCE_CLUSTER: &str = "multicluster.kubernetes.io/source-cluster";
+/// Standard EndpointSlice label naming the controller that manages the slice.
+pub const LABEL_MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
+/// Our value of [`LABEL_MANAGED_BY`] (never `endpointslice-controller.k8s.io`).
+pub const MANAGED_BY: &str = "mcs-dataplane.x-k8s.io";
+/// Standard EndpointSlice label naming the Service of a local slice.
+pub const LABEL_K8S_SERVICE_NAME: &str = "kubernetes.io/service-name";
+
+/// An IP family, as in `Service.spec.ipFamilies` and `ServiceImport.spec.ipFamilies`.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+pub enum IpFamily {
+    IPv4,
+    IPv6,
+}
+
+impl IpFamily {
+    /// The EndpointSlice `addressType` carrying this family.
+    pub fn address_type(self) -> &'static str {
+        match self {
+            IpFamily::IPv4 => "IPv4",
+            IpFamily::IPv6 => "IPv6",
+        }
+    }
+
+    pub fn of(ip: &std::net::IpAddr) -> Self {
+        match ip {
+            std::net::IpAddr::V4(_) => IpFamily::IPv4,
+            std::net::IpAddr::V6(_) => IpFamily::IPv6,
+        }
+    }
+}
+
+impl fmt::Display for IpFamily {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.address_type())
+    }
+}
+
+impl FromStr for IpFamily {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "IPv4" => Ok(IpFamily::IPv4),
+            "IPv6" => Ok(IpFamily::IPv6),
+            other => Err(format!("unknown IP family {other:?} (expected IPv4 or IPv6)")),
+        }
+    }
+}
+
+/// `ServiceImport.spec.type`.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+    JsonSchema,
+)]
+pub enum ServiceImportType {
+    #[default]
+    ClusterSetIP,
+    Headless,
+}
+
+impl fmt::Display for ServiceImportType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ServiceImportType::ClusterSetIP => "ClusterSetIP",
+            ServiceImportType::Headless => "Headless",
+        })
+    }
+}
+
+/// A port of a ServiceImport: the externally visible part of a Service port.
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ServicePort {
+    /// DNS_LABEL, unique within the ports; matches EndpointPort.name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// TCP, UDP or SCTP; TCP when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub app_protocol: Option<String>,
+    pub port: i32,
+}
+
+impl ServicePort {
+    /// The name with `None` and `""` treated alike (both are the unnamed port).
+    pub fn name_or_empty(&self) -> &str {
+        self.name.as_deref().unwrap_or("")
+    }
+
+    /// The protocol with Kubernetes' default applied.
+    pub fn protocol_or_tcp(&self) -> &str {
+        self.protocol.as_deref().unwrap_or("TCP")
+    }
+}
+
+/// `sessionAffinityConfig`, as in core/v1.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionAffinityConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_ip: Option<ClientIpConfig>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientIpConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<i32>,
+}
+
+/// One entry of `ServiceImport.status.clusters`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+pub struct ClusterStatus {
+    pub cluster: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ServiceExportStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ServiceImportStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<ClusterStatus>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Generates the ServiceExport and ServiceImport types of one API version. Both versions share
+/// the schema, so the field list exists once.
+macro_rules! mcs_version {
+    ($version:literal) => {
+        use std::collections::BTreeMap;
+
+        use kube::CustomResource;
+        use schemars::JsonSchema;
+        use serde::{Deserialize, Serialize};
+
+        pub use super::{
+            ClusterStatus, IpFamily, ServiceExportStatus, ServiceImportStatus, ServiceImportType,
+            ServicePort, SessionAffinityConfig,
+        };
+
+        /// Declares that the Service of the same namespace/name is exported to the ClusterSet.
+        #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+        #[kube(
+            group = "multicluster.x-k8s.io",
+            version = $version,
+            kind = "ServiceExport",
+            namespaced,
+            status = "ServiceExportStatus",
+            shortname = "svcex",
+            shortname = "svcexport",
+            derive = "Default",
+            derive = "PartialEq",
+            printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+        )]
+        #[serde(rename_all = "camelCase")]
+        pub struct ServiceExportSpec {
+            #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+            pub exported_labels: BTreeMap<String, String>,
+            #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+            pub exported_annotations: BTreeMap<String, String>,
+        }
+
+        /// The merged view of a service exported somewhere in the ClusterSet.
+        #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+        #[kube(
+            group = "multicluster.x-k8s.io",
+            version = $version,
+            kind = "ServiceImport",
+            namespaced,
+            status = "ServiceImportStatus",
+            shortname = "svcim",
+            shortname = "svcimport",
+            derive = "Default",
+            derive = "PartialEq",
+            printcolumn(name = "Type", type_ = "string", json_path = ".spec.type"),
+            printcolumn(name = "IP", type_ = "string", json_path = ".spec.ips"),
+            printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+        )]
+        #[serde(rename_all = "camelCase")]
+        pub struct ServiceImportSpec {
+            pub ports: Vec<ServicePort>,
+            #[serde(default, skip_serializing_if = "Vec::is_empty")]
+            #[schemars(length(max = 2))]
+            pub ips: Vec<String>,
+            #[serde(rename = "type")]
+            pub type_: ServiceImportType,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub session_affinity: Option<String>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub session_affinity_config: Option<SessionAffinityConfig>,
+            #[serde(default, skip_serializing_if = "Vec::is_empty")]
+            #[schemars(length(max = 2))]
+            pub ip_families: Vec<IpFamily>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub internal_traffic_policy: Option<String>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub traffic_distribution: Option<String>,
+        }
+    };
+}
+
+/// `multicluster.x-k8s.io/v1beta1`, the version this project reads, writes and stores.
+pub mod v1beta1 {
+    mcs_version!("v1beta1");
+}
+
+/// `multicluster.x-k8s.io/v1alpha1`, accepted on input and served by the CRDs.
+pub mod v1alpha1 {
+    mcs_version!("v1alpha1");
+}
+
+pub use v1beta1::{ServiceExport, ServiceExportSpec, ServiceImport, ServiceImportSpec};
+
+/// The CRDs of both kinds, serving v1alpha1 and v1beta1 and storing v1beta1.
+pub fn crds() -> Result<
+    Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>,
+    kube::core::crd::MergeError,
+> {
+    let mut export = kube::core::crd::merge_crds(
+        vec![v1alpha1::ServiceExport::crd(), v1beta1::ServiceExport::crd()],
+        "v1beta1",
+    )?;
+    let mut import = kube::core::crd::merge_crds(
+        vec![v1alpha1::ServiceImport::crd(), v1beta1::ServiceImport::crd()],
+        "v1beta1",
+    )?;
+    for crd in [&mut export, &mut import] {
+        let labels = crd.metadata.labels.get_or_insert_with(BTreeMap::new);
+        labels.insert(
+            "multicluster.x-k8s.io/release-version".into(),
+            "v0.5.0".into(),
+        );
+        labels.insert(
+            "multicluster.x-k8s.io/crd-schema-revision".into(),
+            "0".into(),
+        );
+    }
+    Ok(vec![export, import])
+}
+
+/// A cluster id: an RFC-1123 DNS label (lowercase alphanumerics and '-', 1..=63 characters,
+/// starting and ending with an alphanumeric). It names a member cluster in `status.clusters`
+/// and in the `source-cluster` label.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ClusterId(String);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid cluster id {id:?}: {why} (cluster ids are RFC-1123 DNS labels)")]
+pub struct InvalidClusterId {
+    pub id: String,
+    pub why: &'static str,
+}
+
+impl ClusterId {
+    pub fn new(id: impl Into<String>) -> Result<Self, InvalidClusterId> {
+        let id = id.into();
+        let why = if id.is_empty() {
+            Some("empty")
+        } else if id.len() > 63 {
+            Some("longer than 63 characters")
+        } else if !id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            Some("only lowercase letters, digits and '-' are allowed")
+        } else if id.starts_with('-') || id.ends_with('-') {
+            Some("must start and end with a letter or digit")
+        } else {
+            None
+        };
+        match why {
+            Some(why) => Err(InvalidClusterId { id, why }),
+            None => Ok(ClusterId(id)),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for ClusterId {
+    type Error = InvalidClusterId;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        ClusterId::new(s)
+    }
+}
+
+impl From<ClusterId> for String {
+    fn from(c: ClusterId) -> String {
+        c.0
+    }
+}
+
+impl fmt::Display for ClusterId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for ClusterId {
+    type Err = InvalidClusterId;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        ClusterId::new(s)
+    }
+}
+
+/// Namespace and name of a namespaced object.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct NamespacedName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl NamespacedName {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The namespace/name of an object, with the namespace defaulted to `default`.
+    pub fn of(meta: &ObjectMeta) -> Self {
+        Self::new(
+            meta.namespace.clone().unwrap_or_else(|| "default".into()),
+            meta.name.clone().unwrap_or_default(),
+        )
+    }
+}
+
+impl fmt::Display for NamespacedName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_ids_are_dns_labels() {
+        for ok in ["a", "cluster-1", "east1", "x".repeat(63).as_str()] {
+            assert!(ClusterId::new(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-a", "a-", "A", "a.b", "a_b", "x".repeat(64).as_str()] {
+            assert!(ClusterId::new(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn crds_serve_both_versions_and_store_v1beta1() {
+        let crds = crds().expect("crds merge");
+        assert_eq!(crds.len(), 2);
+        for crd in &crds {
+            let mut versions: Vec<_> = crd
+                .spec
+                .versions
+                .iter()
+                .map(|v| (v.name.as_str(), v.served, v.storage))
+                .collect();
+            versions.sort();
+            assert_eq!(
+                versions,
+                vec![("v1alpha1", true, false), ("v1beta1", true, true)]
+            );
+        }
+        assert_eq!(
+            crds[1].metadata.name.as_deref(),
+            Some("serviceimports.multicluster.x-k8s.io")
+        );
+    }
+
+    #[test]
+    fn service_import_round_trips_with_type_field() {
+        let yaml = r#"
+apiVersion: multicluster.x-k8s.io/v1beta1
+kind: ServiceImport
+metadata: {name: web, namespace: demo}
+spec:
+  type: ClusterSetIP
+  ips: [241.0.0.10, "fd00::10"]
+  ipFamilies: [IPv4, IPv6]
+  ports: [{name: http, protocol: TCP, port: 80}]
+"#;
+        let si: ServiceImport = serde_yaml::from_str(yaml).expect("parse");
+        assert_eq!(si.spec.type_, ServiceImportType::ClusterSetIP);
+        assert_eq!(si.spec.ip_families, vec![IpFamily::IPv4, IpFamily::IPv6]);
+        let back = serde_json::to_value(&si).expect("serialize");
+        assert_eq!(back["spec"]["type"], "ClusterSetIP");
+        assert_eq!(back["spec"]["ipFamilies"][1], "IPv6");
+    }
+}
