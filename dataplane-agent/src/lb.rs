@@ -182,7 +182,9 @@ fn index_slices(
         };
         let labels = slice.metadata.labels.clone().unwrap_or_default();
         let Some(service) = labels.get(LABEL_SERVICE_NAME) else {
-            warn(format!("no {LABEL_SERVICE_NAME} label; not an imported slice"));
+            warn(format!(
+                "no {LABEL_SERVICE_NAME} label; not an imported slice"
+            ));
             continue;
         };
         let cluster = match labels.get(LABEL_SOURCE_CLUSTER).map(ClusterId::new) {
@@ -215,9 +217,15 @@ fn index_slices(
                     continue;
                 }
             };
-            let Some(number) = p.port.and_then(|n| u16::try_from(n).ok()).filter(|n| *n > 0)
+            let Some(number) = p
+                .port
+                .and_then(|n| u16::try_from(n).ok())
+                .filter(|n| *n > 0)
             else {
-                warn(format!("port {name:?}: port {:?} is not in 1..65535", p.port));
+                warn(format!(
+                    "port {name:?}: port {:?} is not in 1..65535",
+                    p.port
+                ));
                 continue;
             };
             if ports.insert((name.clone(), protocol), number).is_some() {
@@ -282,16 +290,17 @@ pub fn build(imports: &[ServiceImport], slices: &[EndpointSlice]) -> LbTable {
         if si.spec.type_ == ServiceImportType::Headless {
             continue;
         }
-        let affinity_timeout_s = (si.spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
-            si.spec
-                .session_affinity_config
-                .as_ref()
-                .and_then(|c| c.client_ip.as_ref())
-                .and_then(|c| c.timeout_seconds)
-                .and_then(|t| u32::try_from(t).ok())
-                .filter(|t| *t > 0)
-                .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_S)
-        });
+        let affinity_timeout_s =
+            (si.spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+                si.spec
+                    .session_affinity_config
+                    .as_ref()
+                    .and_then(|c| c.client_ip.as_ref())
+                    .and_then(|c| c.timeout_seconds)
+                    .and_then(|t| u32::try_from(t).ok())
+                    .filter(|t| *t > 0)
+                    .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_S)
+            });
         let service_slices = slices_by_service
             .get(&service)
             .map(Vec::as_slice)
@@ -318,7 +327,9 @@ pub fn build(imports: &[ServiceImport], slices: &[EndpointSlice]) -> LbTable {
                 continue;
             }
             if let Some(owner) = table.vips.get(&ip) {
-                warn(format!("ClusterSet IP {ip} already belongs to {owner}; skipped"));
+                warn(format!(
+                    "ClusterSet IP {ip} already belongs to {owner}; skipped"
+                ));
                 continue;
             }
             vips.push((family, ip));

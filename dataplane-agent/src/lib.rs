@@ -3,3 +3,4 @@
 
 pub mod lb;
 pub mod model;
+pub mod source;

@@ -67,14 +67,26 @@ impl FromStr for IpFamily {
         match s {
             "IPv4" => Ok(IpFamily::IPv4),
             "IPv6" => Ok(IpFamily::IPv6),
-            other => Err(format!("unknown IP family {other:?} (expected IPv4 or IPv6)")),
+            other => Err(format!(
+                "unknown IP family {other:?} (expected IPv4 or IPv6)"
+            )),
         }
     }
 }
 
 /// `ServiceImport.spec.type`.
 #[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
     JsonSchema,
 )]
 pub enum ServiceImportType {
@@ -137,7 +149,9 @@ pub struct ClientIpConfig {
 }
 
 /// One entry of `ServiceImport.status.clusters`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
 pub struct ClusterStatus {
     pub cluster: String,
 }
@@ -172,11 +186,15 @@ macro_rules! mcs_version {
         };
 
         /// Declares that the Service of the same namespace/name is exported to the ClusterSet.
+        ///
+        /// The derived root type is only used to generate the CRD; [`ServiceExport`] is written by
+        /// hand because `spec` is optional in the MCS API and objects without it must still parse.
         #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
         #[kube(
             group = "multicluster.x-k8s.io",
             version = $version,
             kind = "ServiceExport",
+            root = "ServiceExportCrd",
             namespaced,
             status = "ServiceExportStatus",
             shortname = "svcex",
@@ -191,6 +209,67 @@ macro_rules! mcs_version {
             pub exported_labels: BTreeMap<String, String>,
             #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
             pub exported_annotations: BTreeMap<String, String>,
+        }
+
+        /// A ServiceExport; `spec` defaults to empty when absent, as the MCS API allows.
+        #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+        pub struct ServiceExport {
+            pub metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+            #[serde(default)]
+            pub spec: ServiceExportSpec,
+            #[serde(default)]
+            pub status: Option<ServiceExportStatus>,
+        }
+
+        impl Serialize for ServiceExport {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                use serde::ser::SerializeStruct as _;
+                let mut st = s.serialize_struct("ServiceExport", 5)?;
+                st.serialize_field("apiVersion", &concat!("multicluster.x-k8s.io/", $version))?;
+                st.serialize_field("kind", "ServiceExport")?;
+                st.serialize_field("metadata", &self.metadata)?;
+                st.serialize_field("spec", &self.spec)?;
+                if let Some(status) = &self.status {
+                    st.serialize_field("status", status)?;
+                }
+                st.end()
+            }
+        }
+
+        impl kube::Resource for ServiceExport {
+            type DynamicType = ();
+            type Scope = k8s_openapi::NamespaceResourceScope;
+            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+                "ServiceExport".into()
+            }
+            fn group(_: &()) -> std::borrow::Cow<'_, str> {
+                "multicluster.x-k8s.io".into()
+            }
+            fn version(_: &()) -> std::borrow::Cow<'_, str> {
+                $version.into()
+            }
+            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+                "serviceexports".into()
+            }
+            fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &self.metadata
+            }
+            fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                &mut self.metadata
+            }
+        }
+
+        impl ServiceExport {
+            pub fn new(name: &str, spec: ServiceExportSpec) -> Self {
+                Self {
+                    metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                        name: Some(name.to_owned()),
+                        ..Default::default()
+                    },
+                    spec,
+                    status: None,
+                }
+            }
         }
 
         /// The merged view of a service exported somewhere in the ClusterSet.
@@ -248,15 +327,45 @@ pub use v1beta1::{ServiceExport, ServiceExportSpec, ServiceImport, ServiceImport
 pub fn crds() -> Result<
     Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>,
     kube::core::crd::MergeError,
-> {
+>{
     let mut export = kube::core::crd::merge_crds(
-        vec![v1alpha1::ServiceExport::crd(), v1beta1::ServiceExport::crd()],
+        vec![
+            v1alpha1::ServiceExportCrd::crd(),
+            v1beta1::ServiceExportCrd::crd(),
+        ],
         "v1beta1",
     )?;
     let mut import = kube::core::crd::merge_crds(
-        vec![v1alpha1::ServiceImport::crd(), v1beta1::ServiceImport::crd()],
+        vec![
+            v1alpha1::ServiceImport::crd(),
+            v1beta1::ServiceImport::crd(),
+        ],
         "v1beta1",
     )?;
+    // `spec` is optional on a ServiceExport; defaulting it lets every reader rely on it.
+    for version in &mut export.spec.versions {
+        if let Some(spec) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+            .and_then(|s| s.properties.as_mut())
+            .and_then(|p| p.get_mut("spec"))
+        {
+            spec.default = Some(
+                k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSON(
+                    serde_json::json!({}),
+                ),
+            );
+        }
+        if let Some(required) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+            .and_then(|s| s.required.as_mut())
+        {
+            required.retain(|r| r != "spec");
+        }
+    }
     for crd in [&mut export, &mut import] {
         let labels = crd.metadata.labels.get_or_insert_with(BTreeMap::new);
         labels.insert(

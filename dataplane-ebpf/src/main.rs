@@ -49,11 +49,9 @@ static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
 static AFFINITY_MATCH: HashMap<AffinityMatchKey, u32> =
     HashMap::pinned(defaults::MAX_SLOTS, NO_PREALLOC);
 #[map(name = "MCS_REVNAT4")]
-static REVNAT4: LruHashMap<RevNatKey4, RevNatValue4> =
-    LruHashMap::pinned(defaults::MAX_REVNAT, 0);
+static REVNAT4: LruHashMap<RevNatKey4, RevNatValue4> = LruHashMap::pinned(defaults::MAX_REVNAT, 0);
 #[map(name = "MCS_REVNAT6")]
-static REVNAT6: LruHashMap<RevNatKey6, RevNatValue6> =
-    LruHashMap::pinned(defaults::MAX_REVNAT, 0);
+static REVNAT6: LruHashMap<RevNatKey6, RevNatValue6> = LruHashMap::pinned(defaults::MAX_REVNAT, 0);
 #[map(name = "MCS_COUNTERS")]
 static COUNTERS: PerCpuHashMap<u32, Counters> =
     PerCpuHashMap::pinned(defaults::MAX_FRONTENDS, NO_PREALLOC);

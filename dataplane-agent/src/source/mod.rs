@@ -1,0 +1,4 @@
+//! Where the agent's inputs come from: manifest files (standalone, node `--from-dir`) and,
+//! later, Kubernetes watchers. Both produce the same plain objects.
+
+pub mod manifests;
