@@ -1,6 +1,7 @@
 //! The MCS dataplane agent: a pure core (`merge`, `lb`) with thin edges (`bpf`, `source`,
 //! `sink`). See ARCHITECTURE.md for the data flow and the routing rule.
 
+pub mod bpf;
 pub mod lb;
 pub mod model;
 pub mod source;

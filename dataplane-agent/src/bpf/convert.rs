@@ -1,0 +1,94 @@
+//! Conversions between the agent's types and the map ABI (`dataplane_ebpf`).
+//!
+//! The ABI keeps addresses and ports exactly as `struct bpf_sock_addr` holds them: each 32-bit
+//! word and the 16-bit port carry their bytes in network order in memory.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use dataplane_ebpf::{AF_INET, AF_INET6, NAME_LEN};
+
+/// An IPv4 address as `bpf_sock_addr.user_ip4` holds it.
+pub fn ip4_word(ip: Ipv4Addr) -> u32 {
+    u32::from_ne_bytes(ip.octets())
+}
+
+pub fn ip4_from_word(word: u32) -> Ipv4Addr {
+    Ipv4Addr::from(word.to_ne_bytes())
+}
+
+/// An IPv6 address as `bpf_sock_addr.user_ip6` holds it.
+pub fn ip6_words(ip: Ipv6Addr) -> [u32; 4] {
+    let o = ip.octets();
+    std::array::from_fn(|i| {
+        u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]])
+    })
+}
+
+pub fn ip6_from_words(words: [u32; 4]) -> Ipv6Addr {
+    let mut o = [0u8; 16];
+    for (i, w) in words.iter().enumerate() {
+        o[4 * i..4 * i + 4].copy_from_slice(&w.to_ne_bytes());
+    }
+    Ipv6Addr::from(o)
+}
+
+/// A port as the low 16 bits of `bpf_sock_addr.user_port` hold it.
+pub fn port_word(port: u16) -> u16 {
+    port.to_be()
+}
+
+pub fn port_from_word(word: u16) -> u16 {
+    u16::from_be(word)
+}
+
+/// An address as the `Backend.addr` words, with its family.
+pub fn addr_words(ip: IpAddr) -> ([u32; 4], u8) {
+    match ip {
+        IpAddr::V4(v4) => ([ip4_word(v4), 0, 0, 0], AF_INET),
+        IpAddr::V6(v6) => (ip6_words(v6), AF_INET6),
+    }
+}
+
+pub fn addr_from_words(words: [u32; 4], family: u8) -> Option<IpAddr> {
+    match family {
+        AF_INET => Some(IpAddr::V4(ip4_from_word(words[0]))),
+        AF_INET6 => Some(IpAddr::V6(ip6_from_words(words))),
+        _ => None,
+    }
+}
+
+/// A name, NUL-padded (and cut at [`NAME_LEN`] - 1 bytes, which Kubernetes names never reach).
+pub fn name_bytes(s: &str) -> [u8; NAME_LEN] {
+    let mut out = [0u8; NAME_LEN];
+    let n = s.len().min(NAME_LEN - 1);
+    out[..n].copy_from_slice(&s.as_bytes()[..n]);
+    out
+}
+
+pub fn name_from_bytes(b: &[u8; NAME_LEN]) -> String {
+    let end = b.iter().position(|c| *c == 0).unwrap_or(NAME_LEN);
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn words_hold_network_order_bytes() {
+        let w = ip4_word(Ipv4Addr::new(10, 1, 2, 3));
+        assert_eq!(w.to_ne_bytes(), [10, 1, 2, 3]);
+        assert_eq!(port_word(80).to_ne_bytes(), [0, 80]);
+        let v6: Ipv6Addr = "fd00::1:2".parse().unwrap();
+        assert_eq!(ip6_from_words(ip6_words(v6)), v6);
+        assert_eq!(ip4_from_word(w), Ipv4Addr::new(10, 1, 2, 3));
+        assert_eq!(port_from_word(port_word(8080)), 8080);
+    }
+
+    #[test]
+    fn names_round_trip_and_never_overflow() {
+        assert_eq!(name_from_bytes(&name_bytes("web")), "web");
+        let long = "x".repeat(100);
+        assert_eq!(name_from_bytes(&name_bytes(&long)).len(), NAME_LEN - 1);
+    }
+}
