@@ -1,7 +1,11 @@
 //! The MCS dataplane agent: a pure core (`merge`, `lb`) with thin edges (`bpf`, `source`,
-//! `sink`). See ARCHITECTURE.md for the data flow and the routing rule.
+//! `sink`) and the roles that wire them. See ARCHITECTURE.md for the data flow and the
+//! routing rule.
 
 pub mod bpf;
+pub mod cli;
 pub mod lb;
 pub mod model;
+pub mod roles;
 pub mod source;
+pub mod telemetry;

@@ -1,5 +1,8 @@
 //! The kernel edge: map ABI conversions, map sync, loading/pinning, inspection.
 
 pub mod convert;
+pub mod inspect;
+pub mod kernel;
+pub mod loader;
 pub mod maps;
 pub mod sync;

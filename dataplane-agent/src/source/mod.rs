@@ -2,3 +2,4 @@
 //! later, Kubernetes watchers. Both produce the same plain objects.
 
 pub mod manifests;
+pub mod watch;

@@ -1,0 +1,249 @@
+//! `inspect`: the live table read back from the pinned maps, with service and cluster names.
+
+use std::{fmt::Write as _, path::Path};
+
+use serde::Serialize;
+
+use super::{
+    convert::{addr_from_words, name_from_bytes, port_from_word},
+    kernel::KernelMaps,
+    loader::{LoadError, PROGRAMS},
+    maps::MapContents,
+    sync::FeAddr,
+};
+
+#[derive(Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Inspection {
+    pub pin_dir: String,
+    pub maps: Vec<MapSummary>,
+    pub links: Vec<LinkSummary>,
+    pub frontends: Vec<FrontendRow>,
+}
+
+#[derive(Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct MapSummary {
+    pub name: String,
+    pub id: u32,
+    pub pin: String,
+}
+
+#[derive(Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkSummary {
+    pub program: String,
+    pub pin: String,
+    pub link_id: u32,
+    pub program_id: u32,
+}
+
+#[derive(Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct FrontendRow {
+    pub namespace: String,
+    pub name: String,
+    pub port_name: String,
+    pub ip: String,
+    /// 0 for the wildcard entry that refuses undeclared ports.
+    pub port: u16,
+    /// `TCP`, `UDP`, or `*` for the wildcard.
+    pub protocol: String,
+    pub id: u32,
+    pub affinity_timeout_seconds: Option<u32>,
+    pub backends: Vec<BackendRow>,
+    pub translations: u64,
+    pub affinity_hits: u64,
+    pub rejects: u64,
+}
+
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct BackendRow {
+    pub cluster: String,
+    pub ip: String,
+    pub port: u16,
+}
+
+/// Builds the rows from map contents (frontends sorted by address, backends in slot order).
+pub fn rows(contents: &MapContents) -> Vec<FrontendRow> {
+    let mut rows = Vec::new();
+    let mut frontends: Vec<_> = contents
+        .frontends()
+        .filter_map(|(k, fe)| Some((FeAddr::from_key(&k)?, *fe)))
+        .collect();
+    frontends.sort_by_key(|(a, _)| *a);
+    for (addr, fe) in frontends {
+        let names = contents.names.get(&fe.id);
+        let text = |f: fn(&dataplane_ebpf::FrontendName) -> &[u8; dataplane_ebpf::NAME_LEN]| {
+            names.map(|n| name_from_bytes(f(n))).unwrap_or_default()
+        };
+        let (port, protocol) = match addr {
+            FeAddr::Port(p) => (p.port, p.protocol.to_string()),
+            FeAddr::Wildcard(_) => (0, "*".to_owned()),
+        };
+        let mut backends = Vec::new();
+        for index in 0..fe.count {
+            let slot = dataplane_ebpf::SlotKey {
+                frontend_id: fe.id,
+                bank: fe.bank as u16,
+                index,
+            };
+            let Some(be) = contents
+                .slots
+                .get(&slot)
+                .and_then(|id| contents.backends.get(id))
+            else {
+                continue;
+            };
+            backends.push(BackendRow {
+                cluster: contents
+                    .clusters
+                    .get(&be.cluster)
+                    .map(|c| name_from_bytes(&c.name))
+                    .unwrap_or_default(),
+                ip: addr_from_words(be.addr, be.family)
+                    .map(|ip| ip.to_string())
+                    .unwrap_or_default(),
+                port: port_from_word(be.port),
+            });
+        }
+        let counters = contents.counters.get(&fe.id).copied().unwrap_or_default();
+        rows.push(FrontendRow {
+            namespace: text(|n| &n.namespace),
+            name: text(|n| &n.name),
+            port_name: text(|n| &n.port_name),
+            ip: addr.ip().to_string(),
+            port,
+            protocol,
+            id: fe.id,
+            affinity_timeout_seconds: (fe.flags & dataplane_ebpf::FRONTEND_F_AFFINITY != 0)
+                .then_some(fe.affinity_timeout_s),
+            backends,
+            translations: counters.translations,
+            affinity_hits: counters.affinity_hits,
+            rejects: counters.rejects,
+        });
+    }
+    rows
+}
+
+/// Reads the pinned maps and links under `pin_dir`.
+pub fn inspect(pin_dir: &Path) -> Result<Inspection, LoadError> {
+    let maps_dir = pin_dir.join("maps");
+    if !maps_dir.exists() {
+        return Err(LoadError::NotInstalled(pin_dir.to_owned()));
+    }
+    let maps = KernelMaps::open_pinned(&maps_dir)?;
+    let contents = maps.read_all()?;
+    let mut links = Vec::new();
+    for dir in std::fs::read_dir(pin_dir.join("links"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        for name in PROGRAMS {
+            let pin = dir.path().join(name);
+            let Ok(link) = aya::programs::links::PinnedLink::from_pin(&pin) else {
+                continue;
+            };
+            let fd: aya::programs::links::FdLink = link.into();
+            let (link_id, program_id) = fd
+                .info()
+                .map(|i| (i.id(), i.program_id()))
+                .unwrap_or_default();
+            links.push(LinkSummary {
+                program: name.to_owned(),
+                pin: pin.display().to_string(),
+                link_id,
+                program_id,
+            });
+        }
+    }
+    Ok(Inspection {
+        pin_dir: pin_dir.display().to_string(),
+        maps: maps
+            .ids
+            .iter()
+            .map(|(name, id)| MapSummary {
+                name: (*name).to_owned(),
+                id: *id,
+                pin: maps_dir.join(name).display().to_string(),
+            })
+            .collect(),
+        links,
+        frontends: rows(&contents),
+    })
+}
+
+/// A human-readable table.
+pub fn render_text(i: &Inspection) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "pin dir {}", i.pin_dir);
+    let _ = writeln!(
+        out,
+        "maps: {}",
+        i.maps
+            .iter()
+            .map(|m| format!("{}(id {})", m.name, m.id))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let _ = writeln!(
+        out,
+        "links: {}",
+        if i.links.is_empty() {
+            "none".to_owned()
+        } else {
+            i.links
+                .iter()
+                .map(|l| format!("{}(prog {})", l.program, l.program_id))
+                .collect::<Vec<_>>()
+                .join(" ")
+        }
+    );
+    let _ = writeln!(
+        out,
+        "{:<28} {:<30} {:>8} {:>8} {:>8}  BACKENDS",
+        "FRONTEND", "SERVICE/PORT", "XLATED", "AFFINITY", "REJECTED"
+    );
+    for f in &i.frontends {
+        let port = if f.protocol == "*" {
+            "*".to_owned()
+        } else {
+            format!("{}/{}", f.port, f.protocol)
+        };
+        let frontend = if f.ip.contains(':') {
+            format!("[{}]:{port}", f.ip)
+        } else {
+            format!("{}:{port}", f.ip)
+        };
+        let service = if f.protocol == "*" {
+            format!("{}/{} (other ports refused)", f.namespace, f.name)
+        } else {
+            format!("{}/{}:{}", f.namespace, f.name, f.port_name)
+        };
+        let backends = if f.protocol == "*" {
+            "-".to_owned()
+        } else if f.backends.is_empty() {
+            "none (refused)".to_owned()
+        } else {
+            f.backends
+                .iter()
+                .map(|b| {
+                    if b.ip.contains(':') {
+                        format!("{}:[{}]:{}", b.cluster, b.ip, b.port)
+                    } else {
+                        format!("{}:{}:{}", b.cluster, b.ip, b.port)
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let _ = writeln!(
+            out,
+            "{frontend:<28} {service:<30} {:>8} {:>8} {:>8}  {backends}",
+            f.translations, f.affinity_hits, f.rejects
+        );
+    }
+    out
+}

@@ -1,0 +1,431 @@
+//! Loading, attaching and pinning the socket-LB programs, adopting them after a restart, and
+//! removing them.
+//!
+//! Layout under the pin directory (default `/sys/fs/bpf/mcs-dataplane/v1`):
+//! - `maps/<MAP>`: every map (`bpftool map dump pinned <dir>/maps/MCS_FE4`);
+//! - `links/cg<cgroup id>/<program>`: the cgroup links, one per hook. Pinned links keep the
+//!   programs attached while the agent is down, so connections keep being translated.
+//!
+//! On start, maps that are already pinned are reused (same map ids, same contents). If every
+//! link of the target cgroup is pinned and runs the same program code (same tag) as this
+//! build, the links are adopted untouched. Otherwise the new programs are attached next to the
+//! old ones (multi-attach), pinned, and only then are the old links removed: an upgrade never
+//! leaves the cgroup without a program.
+
+use std::{
+    fs,
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    programs::{
+        CgroupAttachMode, CgroupSockAddr, ProgramError, links::FdLink, links::PinnedLink,
+        loaded_programs,
+    },
+};
+use dataplane_ebpf::map_names;
+use tracing::{info, warn};
+
+use super::{
+    kernel::{KernelMapError, KernelMaps},
+    maps::Capacities,
+};
+
+/// The compiled eBPF object (built by `build.rs`).
+static EBPF_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/dataplane-ebpf"));
+
+/// The programs, by function (and section) name, in attach order.
+pub const PROGRAMS: [&str; 8] = [
+    "connect4",
+    "connect6",
+    "sendmsg4",
+    "sendmsg6",
+    "recvmsg4",
+    "recvmsg6",
+    "getpeername4",
+    "getpeername6",
+];
+
+/// The default pin directory, versioned by the map layout.
+pub fn default_pin_dir() -> PathBuf {
+    PathBuf::from(format!(
+        "/sys/fs/bpf/mcs-dataplane/v{}",
+        dataplane_ebpf::PIN_VERSION
+    ))
+}
+
+/// What to load and where.
+#[derive(Clone, Debug)]
+pub struct LoaderConfig {
+    pub pin_dir: PathBuf,
+    /// The cgroup v2 directory the programs attach to.
+    pub cgroup: PathBuf,
+    pub max_frontends: u32,
+    pub max_backends: u32,
+    pub max_slots: u32,
+    pub max_affinity: u32,
+    pub max_revnat: u32,
+    /// Most verbose eBPF log level forwarded to `tracing` (aya-log level numbers: 1 error ..
+    /// 5 trace; 0 disables).
+    pub bpf_log_level: u8,
+}
+
+impl LoaderConfig {
+    pub fn new(pin_dir: PathBuf, cgroup: PathBuf) -> Self {
+        use dataplane_ebpf::defaults::*;
+        LoaderConfig {
+            pin_dir,
+            cgroup,
+            max_frontends: MAX_FRONTENDS,
+            max_backends: MAX_BACKENDS,
+            max_slots: MAX_SLOTS,
+            max_affinity: MAX_AFFINITY,
+            max_revnat: MAX_REVNAT,
+            bpf_log_level: 2,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(
+        "{path} is not on a bpffs; mount it with `mount -t bpf bpf /sys/fs/bpf` (or pass --pin-dir on a bpffs)"
+    )]
+    NotBpffs { path: PathBuf },
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "this agent was built without its eBPF object (AYA_BUILD_SKIP); build it with `cargo xtask build`"
+    )]
+    NoObject,
+    #[error("loading the eBPF object: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("program {name}: {source}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("link of program {name}: {source}")]
+    Link {
+        name: &'static str,
+        #[source]
+        source: aya::programs::links::LinkError,
+    },
+    #[error("pinning {path}: {source}")]
+    Pin {
+        path: PathBuf,
+        #[source]
+        source: aya::pin::PinError,
+    },
+    #[error(transparent)]
+    Maps(#[from] KernelMapError),
+    #[error("nothing is installed under {0}")]
+    NotInstalled(PathBuf),
+}
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> LoadError + 'a {
+    move |source| LoadError::Io {
+        what,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// `statfs` magic of bpffs.
+const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+
+/// Whether `path` (or its closest existing ancestor) is on a bpffs.
+pub fn is_on_bpffs(path: &Path) -> bool {
+    let mut p = Some(path);
+    while let Some(dir) = p {
+        if dir.exists() {
+            let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+                return false;
+            };
+            let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+            // SAFETY: c is a valid NUL-terminated path and st a writable statfs.
+            let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+            return rc == 0 && st.f_type as i64 == BPF_FS_MAGIC;
+        }
+        p = dir.parent();
+    }
+    false
+}
+
+/// The cgroup v2 mount point, from `/proc/self/mounts`.
+pub fn cgroup2_root() -> Option<PathBuf> {
+    let mounts = fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts.lines().find_map(|line| {
+        let mut f = line.split_whitespace();
+        let (_dev, dir, fstype) = (f.next()?, f.next()?, f.next()?);
+        (fstype == "cgroup2").then(|| PathBuf::from(dir))
+    })
+}
+
+/// What `install` found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attachment {
+    /// The pinned links already ran this build's programs; nothing was attached.
+    Adopted,
+    /// Programs were attached (first install, upgrade, or a new cgroup).
+    Attached { replaced_links: usize },
+}
+
+/// The installed dataplane: the maps to sync, and the log reader of the running programs.
+pub struct Dataplane {
+    pub maps: KernelMaps,
+    pub attachment: Attachment,
+    /// Ids of the programs attached now, by name.
+    pub program_ids: Vec<(&'static str, u32)>,
+    pub logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+}
+
+fn links_dir(pin_dir: &Path, cgroup: &Path) -> Result<PathBuf, LoadError> {
+    let ino = fs::metadata(cgroup)
+        .map_err(io("cannot open cgroup", cgroup))?
+        .ino();
+    Ok(pin_dir.join("links").join(format!("cg{ino}")))
+}
+
+/// The tag of the program a pinned link runs.
+fn pinned_link_program(path: &Path) -> Option<(u32, u64)> {
+    let link = PinnedLink::from_pin(path).ok()?;
+    let fd: FdLink = link.into();
+    let prog_id = fd.info().ok()?.program_id();
+    let tag = loaded_programs()
+        .filter_map(Result::ok)
+        .find(|p| p.id() == prog_id)?
+        .tag();
+    Some((prog_id, tag))
+}
+
+/// Loads the programs and maps, attaches (or adopts) them on `cfg.cgroup`, and pins
+/// everything under `cfg.pin_dir`.
+pub fn install(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
+    if EBPF_OBJECT.is_empty() {
+        return Err(LoadError::NoObject);
+    }
+    if !is_on_bpffs(&cfg.pin_dir) {
+        return Err(LoadError::NotBpffs {
+            path: cfg.pin_dir.clone(),
+        });
+    }
+    let maps_dir = cfg.pin_dir.join("maps");
+    fs::create_dir_all(&maps_dir).map_err(io("cannot create", &maps_dir))?;
+    let links = links_dir(&cfg.pin_dir, &cfg.cgroup)?;
+    fs::create_dir_all(&links).map_err(io("cannot create", &links))?;
+
+    let mut ebpf: Ebpf = EbpfLoader::new()
+        .default_map_pin_directory(&maps_dir)
+        .map_max_entries(map_names::FRONTENDS4, cfg.max_frontends)
+        .map_max_entries(map_names::FRONTENDS6, cfg.max_frontends)
+        .map_max_entries(map_names::COUNTERS, cfg.max_frontends)
+        .map_max_entries(map_names::FRONTEND_NAMES, cfg.max_frontends)
+        .map_max_entries(map_names::BACKENDS, cfg.max_backends)
+        .map_max_entries(map_names::SLOTS, cfg.max_slots)
+        .map_max_entries(map_names::AFFINITY_MATCH, cfg.max_slots)
+        .map_max_entries(map_names::AFFINITY, cfg.max_affinity)
+        .map_max_entries(map_names::REVNAT4, cfg.max_revnat)
+        .map_max_entries(map_names::REVNAT6, cfg.max_revnat)
+        .override_global("AYA_LOG_LEVEL", &cfg.bpf_log_level, false)
+        .load(EBPF_OBJECT)?;
+    // Must outlive the program loads: it holds the log ring buffer's fd.
+    let fresh_logger = aya_log::EbpfLogger::init(&mut ebpf).ok();
+
+    let mut tags = Vec::new();
+    for name in PROGRAMS {
+        let prog: &mut CgroupSockAddr = ebpf
+            .program_mut(name)
+            .ok_or(LoadError::Program {
+                name,
+                source: ProgramError::UnexpectedProgramType,
+            })?
+            .try_into()
+            .map_err(|source| LoadError::Program { name, source })?;
+        prog.load()
+            .map_err(|source| LoadError::Program { name, source })?;
+        let info = prog
+            .info()
+            .map_err(|source| LoadError::Program { name, source })?;
+        tags.push((name, info.id(), info.tag()));
+    }
+
+    let pinned: Vec<Option<(u32, u64)>> = PROGRAMS
+        .iter()
+        .map(|name| pinned_link_program(&links.join(name)))
+        .collect();
+    let adopt = pinned
+        .iter()
+        .zip(&tags)
+        .all(|(p, (_, _, tag))| p.is_some_and(|(_, t)| t == *tag));
+
+    let (attachment, program_ids, logger) = if adopt {
+        let ids: Vec<(&'static str, u32)> = PROGRAMS
+            .iter()
+            .zip(&pinned)
+            .map(|(n, p)| (*n, p.map(|(id, _)| id).unwrap_or(0)))
+            .collect();
+        drop(fresh_logger);
+        let logger = aya_log::EbpfLogger::init_from_id(ids[0].1).ok();
+        info!(pin_dir = %cfg.pin_dir.display(), "adopted the pinned programs and links");
+        (Attachment::Adopted, ids, logger)
+    } else {
+        let cgroup = fs::File::open(&cfg.cgroup).map_err(io("cannot open cgroup", &cfg.cgroup))?;
+        let mut replaced = 0;
+        for (name, _, _) in &tags {
+            let prog: &mut CgroupSockAddr = ebpf
+                .program_mut(name)
+                .ok_or(LoadError::Program {
+                    name,
+                    source: ProgramError::UnexpectedProgramType,
+                })?
+                .try_into()
+                .map_err(|source| LoadError::Program { name, source })?;
+            // A bpf_link (flags 0) always attaches in multi mode: an old link (previous
+            // version) keeps running until the new one is pinned, and other programs on the
+            // cgroup are left alone. (BPF_F_ALLOW_MULTI itself is rejected for links.)
+            let link_id = prog
+                .attach(&cgroup, CgroupAttachMode::Single)
+                .map_err(|source| LoadError::Program { name, source })?;
+            let link: FdLink = prog
+                .take_link(link_id)
+                .map_err(|source| LoadError::Program { name, source })?
+                .try_into()
+                .map_err(|source| LoadError::Link { name, source })?;
+            let final_path = links.join(name);
+            // bpffs reserves names with a dot.
+            let staging = links.join(format!("{name}_new"));
+            let _ = fs::remove_file(&staging);
+            let pinned = link.pin(&staging).map_err(|source| LoadError::Pin {
+                path: staging.clone(),
+                source,
+            })?;
+            if final_path.exists() {
+                // Unpinning drops the old link's last reference: it detaches now.
+                if let Ok(old) = PinnedLink::from_pin(&final_path) {
+                    let _ = old.unpin();
+                    replaced += 1;
+                }
+            }
+            fs::rename(&staging, &final_path).map_err(io("cannot rename", &staging))?;
+            drop(pinned);
+        }
+        // Links pinned for another cgroup belong to an earlier configuration.
+        replaced += remove_other_link_dirs(&cfg.pin_dir, &links);
+        let ids = tags.iter().map(|(n, id, _)| (*n, *id)).collect();
+        info!(pin_dir = %cfg.pin_dir.display(), cgroup = %cfg.cgroup.display(), replaced, "attached the socket-LB programs");
+        (
+            Attachment::Attached {
+                replaced_links: replaced,
+            },
+            ids,
+            fresh_logger,
+        )
+    };
+    drop(ebpf);
+
+    let maps = KernelMaps::open_pinned(&maps_dir)?;
+    let caps = maps.capacities();
+    let wanted = Capacities {
+        frontends: cfg.max_frontends,
+        backends: cfg.max_backends,
+        slots: cfg.max_slots,
+        clusters: caps.clusters,
+    };
+    if caps != wanted {
+        warn!(
+            ?caps,
+            ?wanted,
+            "the pinned maps were created with other sizes and keep them; run `dataplane-agent uninstall` to recreate them"
+        );
+    }
+    Ok(Dataplane {
+        maps,
+        attachment,
+        program_ids,
+        logger,
+    })
+}
+
+fn remove_other_link_dirs(pin_dir: &Path, keep: &Path) -> usize {
+    let mut removed = 0;
+    let Ok(entries) = fs::read_dir(pin_dir.join("links")) else {
+        return 0;
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        if dir == keep {
+            continue;
+        }
+        removed += remove_links_in(&dir);
+        let _ = fs::remove_dir(&dir);
+    }
+    removed
+}
+
+fn remove_links_in(dir: &Path) -> usize {
+    let mut removed = 0;
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        match PinnedLink::from_pin(&path) {
+            Ok(link) => {
+                if link.unpin().is_ok() {
+                    removed += 1;
+                }
+            }
+            Err(_) => {
+                let _ = fs::remove_file(&path);
+            }
+        }
+    }
+    removed
+}
+
+/// What `uninstall` removed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Uninstalled {
+    pub links: usize,
+    pub maps: usize,
+}
+
+/// Detaches every pinned link and removes the pins and the pin directory. The maps are freed
+/// once nothing references them.
+pub fn uninstall(pin_dir: &Path) -> Result<Uninstalled, LoadError> {
+    if !pin_dir.exists() {
+        return Err(LoadError::NotInstalled(pin_dir.to_owned()));
+    }
+    let mut done = Uninstalled::default();
+    if let Ok(entries) = fs::read_dir(pin_dir.join("links")) {
+        for entry in entries.flatten() {
+            done.links += remove_links_in(&entry.path());
+            let _ = fs::remove_dir(entry.path());
+        }
+    }
+    let maps_dir = pin_dir.join("maps");
+    if let Ok(entries) = fs::read_dir(&maps_dir) {
+        for entry in entries.flatten() {
+            if fs::remove_file(entry.path()).is_ok() {
+                done.maps += 1;
+            }
+        }
+    }
+    for dir in [pin_dir.join("links"), maps_dir, pin_dir.to_owned()] {
+        if dir.exists() {
+            fs::remove_dir(&dir).map_err(io("cannot remove", &dir))?;
+        }
+    }
+    // Remove the unversioned parent too when it is now empty (best effort).
+    if let Some(parent) = pin_dir.parent() {
+        let _ = fs::remove_dir(parent);
+    }
+    Ok(done)
+}

@@ -1,0 +1,107 @@
+//! Command-line interface.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::{bpf::loader::LoaderConfig, telemetry::LogFormat};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "dataplane-agent",
+    version,
+    about = "eBPF dataplane for Kubernetes Multi-Cluster Services (KEP-1645)"
+)]
+pub struct Cli {
+    /// Log format on stderr. The level comes from RUST_LOG (default info).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "MCS_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Node role from files: route the ServiceImports and imported EndpointSlices in DIR.
+    Node(NodeArgs),
+    /// Print the live table from the pinned maps.
+    Inspect(InspectArgs),
+    /// Detach the programs and remove the pinned links and maps.
+    Uninstall(PinDirArg),
+    /// Print the ServiceExport and ServiceImport CRDs (YAML).
+    Crds,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PinDirArg {
+    /// bpffs directory holding the pinned maps and links.
+    #[arg(long, default_value_os_t = crate::bpf::loader::default_pin_dir(), env = "MCS_PIN_DIR")]
+    pub pin_dir: PathBuf,
+}
+
+/// Where and how the dataplane is installed.
+#[derive(Args, Debug, Clone)]
+pub struct DataplaneArgs {
+    #[command(flatten)]
+    pub pin: PinDirArg,
+    /// cgroup v2 directory to attach to (default: the cgroup2 mount root, i.e. the whole node).
+    #[arg(long, env = "MCS_CGROUP")]
+    pub cgroup: Option<PathBuf>,
+    /// Capacity of each frontend map (a frontend is a VIP, port and protocol, or a VIP's wildcard).
+    #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_FRONTENDS)]
+    pub max_frontends: u32,
+    /// Capacity of the backend map.
+    #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_BACKENDS)]
+    pub max_backends: u32,
+    /// Capacity of the slot map (frontend-to-backend pairs, doubled while a frontend changes).
+    #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_SLOTS)]
+    pub max_slots: u32,
+    /// Capacity of the session-affinity LRU.
+    #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_AFFINITY)]
+    pub max_affinity: u32,
+    /// Capacity of each reverse-translation LRU (one entry per translated socket and backend).
+    #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_REVNAT)]
+    pub max_revnat: u32,
+    /// Most verbose eBPF log level forwarded to the agent's log: 0 off, 1 error, 2 warn, 3 info, 4 debug, 5 trace.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(0..=5))]
+    pub bpf_log_level: u8,
+}
+
+impl DataplaneArgs {
+    /// The loader configuration, with the cgroup defaulted to the cgroup2 root.
+    pub fn loader_config(&self) -> Result<LoaderConfig, String> {
+        let cgroup = match &self.cgroup {
+            Some(c) => c.clone(),
+            None => crate::bpf::loader::cgroup2_root()
+                .ok_or("no cgroup2 mount found in /proc/self/mounts; pass --cgroup")?,
+        };
+        Ok(LoaderConfig {
+            pin_dir: self.pin.pin_dir.clone(),
+            cgroup,
+            max_frontends: self.max_frontends,
+            max_backends: self.max_backends,
+            max_slots: self.max_slots,
+            max_affinity: self.max_affinity,
+            max_revnat: self.max_revnat,
+            bpf_log_level: self.bpf_log_level,
+        })
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct NodeArgs {
+    /// Directory of YAML files with the local cluster's ServiceImports and imported EndpointSlices.
+    #[arg(long)]
+    pub from_dir: PathBuf,
+    #[command(flatten)]
+    pub dataplane: DataplaneArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub pin: PinDirArg,
+}

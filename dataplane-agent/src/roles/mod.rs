@@ -1,0 +1,3 @@
+//! The agent's roles (ARCHITECTURE.md §3).
+
+pub mod node;
