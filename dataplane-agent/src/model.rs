@@ -137,7 +137,7 @@ impl ServicePort {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionAffinityConfig {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, rename = "clientIP", skip_serializing_if = "Option::is_none")]
     pub client_ip: Option<ClientIpConfig>,
 }
 
@@ -526,9 +526,17 @@ spec:
   ips: [241.0.0.10, "fd00::10"]
   ipFamilies: [IPv4, IPv6]
   ports: [{name: http, protocol: TCP, port: 80}]
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}
 "#;
         let si: ServiceImport = serde_yaml::from_str(yaml).expect("parse");
         assert_eq!(si.spec.type_, ServiceImportType::ClusterSetIP);
+        let timeout = si
+            .spec
+            .session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref());
+        assert_eq!(timeout.and_then(|c| c.timeout_seconds), Some(60));
         assert_eq!(si.spec.ip_families, vec![IpFamily::IPv4, IpFamily::IPv6]);
         let back = serde_json::to_value(&si).expect("serialize");
         assert_eq!(back["spec"]["type"], "ClusterSetIP");

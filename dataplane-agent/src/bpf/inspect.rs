@@ -51,6 +51,9 @@ pub struct FrontendRow {
     pub protocol: String,
     pub id: u32,
     pub affinity_timeout_seconds: Option<u32>,
+    /// Active slots of the frontend. `backends` is shorter only when the maps changed while
+    /// they were being read.
+    pub count: u16,
     pub backends: Vec<BackendRow>,
     pub translations: u64,
     pub affinity_hits: u64,
@@ -118,6 +121,7 @@ pub fn rows(contents: &MapContents) -> Vec<FrontendRow> {
             id: fe.id,
             affinity_timeout_seconds: (fe.flags & dataplane_ebpf::FRONTEND_F_AFFINITY != 0)
                 .then_some(fe.affinity_timeout_s),
+            count: fe.count,
             backends,
             translations: counters.translations,
             affinity_hits: counters.affinity_hits,

@@ -1,4 +1,4 @@
-//! Watching a directory tree for changes (inotify through `notify`), coalesced into one signal.
+//! Watching a directory tree for changes (inotify through `notify`), batched into one signal.
 
 use std::{path::Path, time::Duration};
 
@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 
 /// How long to wait after a change for more changes before re-reading, so an editor's
 /// write-rename-chmod sequence or a `cp -r` produces one re-sync.
-pub const SETTLE: Duration = Duration::from_millis(150);
+pub const SETTLE: Duration = Duration::from_millis(25);
 
 /// Delivers `()` after changes under a directory settle.
 pub struct DirWatcher {
@@ -33,15 +33,13 @@ impl DirWatcher {
         })
     }
 
-    /// Waits for the next batch of changes. `None` when the watcher stopped.
+    /// Waits for the next batch of changes: returns [`SETTLE`] after the first change of the
+    /// batch, however many follow, so a directory that keeps changing is still re-read at
+    /// least that often. `None` when the watcher stopped.
     pub async fn changed(&mut self) -> Option<()> {
         self.rx.recv().await?;
-        loop {
-            match tokio::time::timeout(SETTLE, self.rx.recv()).await {
-                Ok(Some(())) => continue,
-                Ok(None) => return None,
-                Err(_) => return Some(()),
-            }
-        }
+        tokio::time::sleep(SETTLE).await;
+        while let Ok(()) = self.rx.try_recv() {}
+        Some(())
     }
 }

@@ -1,0 +1,118 @@
+//! Running the agent binary against a test topology, and reading its maps.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use dataplane_agent::bpf::inspect::{FrontendRow, Inspection};
+
+use crate::netns::{Topology, agent_bin};
+
+/// A running `dataplane-agent` process; killed on drop (its pinned dataplane stays until the
+/// topology is dropped).
+pub struct Agent {
+    child: Option<Child>,
+    pub log: PathBuf,
+    pub pin_dir: PathBuf,
+}
+
+impl Agent {
+    /// Starts `dataplane-agent <args> --pin-dir <topology pin dir> --cgroup <topology cgroup>`.
+    pub fn start(topo: &Topology, args: &[&str]) -> anyhow::Result<Agent> {
+        let n = fs::read_dir(&topo.dir).map(|d| d.count()).unwrap_or(0);
+        let log = topo.dir.join(format!("agent-{n}.log"));
+        let out = fs::File::create(&log)?;
+        let child = Command::new(agent_bin())
+            .args(args)
+            .arg("--pin-dir")
+            .arg(&topo.pin_dir)
+            .arg("--cgroup")
+            .arg(&topo.cgroup)
+            .env("RUST_LOG", "info,dataplane_agent=debug")
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("starting {}", agent_bin().display()))?;
+        Ok(Agent {
+            child: Some(child),
+            log,
+            pin_dir: topo.pin_dir.clone(),
+        })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Kills the process with `signal` and waits for it.
+    pub fn kill(&mut self, signal: i32) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill has no memory preconditions; the pid is our child's.
+            unsafe { libc::kill(c.id() as i32, signal) };
+            let _ = c.wait();
+        }
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Waits until the maps satisfy `pred`, or fails with the agent's log after `timeout`.
+    pub fn wait_for(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&Inspection) -> bool,
+    ) -> anyhow::Result<Inspection> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(i) = inspect(&self.pin_dir)
+                && pred(&i)
+            {
+                return Ok(i);
+            }
+            if Instant::now() > deadline || !self.running() {
+                bail!(
+                    "timed out waiting for {what} (agent running: {}); agent log:\n{}",
+                    self.running(),
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill(libc::SIGKILL);
+    }
+}
+
+/// Reads the pinned maps (the same code as `dataplane-agent inspect`).
+pub fn inspect(pin_dir: &Path) -> anyhow::Result<Inspection> {
+    Ok(dataplane_agent::bpf::inspect::inspect(pin_dir)?)
+}
+
+/// Finds a frontend row by `ip` and `port` (0 for the wildcard).
+pub fn frontend<'a>(
+    i: &'a Inspection,
+    ip: &str,
+    port: u16,
+    protocol: &str,
+) -> Option<&'a FrontendRow> {
+    i.frontends
+        .iter()
+        .find(|f| f.ip == ip && f.port == port && f.protocol == protocol)
+}

@@ -1,0 +1,156 @@
+//! A test client: connects to an address and reports, per attempt, what answered.
+//!
+//! `mcs-probe [--netns NAME] [--cgroup DIR] [--count N] [--duration-ms D] [--interval-ms I] MODE ADDR`
+//! MODE is `tcp`, `udp` (unconnected: sendto/recvfrom) or `udp-connected`.
+//! It first moves itself into the cgroup (so the socket-LB programs apply to it) and then into
+//! the network namespace `/run/netns/NAME` (itself, not through `ip netns exec`, which remounts
+//! /sys and would hide the cgroup), then prints one JSON line per attempt (see
+//! `tests::probe::Attempt`) and `{"done":true}` at the end.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpStream, UdpSocket},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use serde_json::json;
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+fn errno(e: &std::io::Error) -> Option<i32> {
+    e.raw_os_error()
+}
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+fn attempt(mode: &str, addr: SocketAddr) -> serde_json::Value {
+    let start = now_us();
+    let result: std::io::Result<(String, Option<String>, Option<String>)> = (|| match mode {
+        "tcp" => {
+            let mut s = TcpStream::connect_timeout(&addr, TIMEOUT)?;
+            s.set_read_timeout(Some(TIMEOUT))?;
+            let peer = s.peer_addr().ok().map(|a| a.to_string());
+            let mut reply = String::new();
+            s.read_to_string(&mut reply)?;
+            Ok((reply.trim().to_owned(), peer, None))
+        }
+        "udp" | "udp-connected" => {
+            let bind: SocketAddr = if addr.is_ipv4() {
+                "0.0.0.0:0".parse().map_err(std::io::Error::other)?
+            } else {
+                "[::]:0".parse().map_err(std::io::Error::other)?
+            };
+            let s = UdpSocket::bind(bind)?;
+            s.set_read_timeout(Some(TIMEOUT))?;
+            let mut buf = [0u8; 1500];
+            if mode == "udp" {
+                s.send_to(b"hello", addr)?;
+                let (n, from) = s.recv_from(&mut buf)?;
+                let reply = String::from_utf8_lossy(&buf[..n]).trim().to_owned();
+                Ok((reply, None, Some(from.to_string())))
+            } else {
+                s.connect(addr)?;
+                let peer = s.peer_addr().ok().map(|a| a.to_string());
+                s.send(b"hello")?;
+                let (n, from) = s.recv_from(&mut buf)?;
+                let reply = String::from_utf8_lossy(&buf[..n]).trim().to_owned();
+                Ok((reply, peer, Some(from.to_string())))
+            }
+        }
+        other => Err(std::io::Error::other(format!("unknown mode {other}"))),
+    })();
+    let end = now_us();
+    match result {
+        Ok((reply, peer, from)) => json!({
+            "ok": true, "reply": reply, "peer": peer, "from": from,
+            "start_us": start, "end_us": end,
+        }),
+        Err(e) => json!({
+            "ok": false, "errno": errno(&e), "error": e.to_string(),
+            "start_us": start, "end_us": end,
+        }),
+    }
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mut cgroup = None;
+    let mut netns = None;
+    let mut count: u64 = 1;
+    let mut duration = None;
+    let mut interval = Duration::ZERO;
+    let mut positional = Vec::new();
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--cgroup" => cgroup = args.next(),
+            "--netns" => netns = args.next(),
+            "--count" => count = args.next().and_then(|v| v.parse().ok()).unwrap_or(1),
+            "--duration-ms" => {
+                duration = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .map(Duration::from_millis)
+            }
+            "--interval-ms" => {
+                interval =
+                    Duration::from_millis(args.next().and_then(|v| v.parse().ok()).unwrap_or(0))
+            }
+            _ => positional.push(a),
+        }
+    }
+    let (Some(mode), Some(addr)) = (positional.first(), positional.get(1)) else {
+        eprintln!(
+            "usage: mcs-probe [--cgroup DIR] [--count N] [--duration-ms D] [--interval-ms I] tcp|udp|udp-connected ADDR"
+        );
+        std::process::exit(2);
+    };
+    let addr: SocketAddr = match addr.parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("bad address {addr:?}: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Some(cg) = cgroup {
+        let procs = std::path::Path::new(&cg).join("cgroup.procs");
+        if let Err(e) = std::fs::write(&procs, std::process::id().to_string()) {
+            eprintln!("joining cgroup {}: {e}", procs.display());
+            std::process::exit(1);
+        }
+    }
+    if let Some(ns) = netns {
+        let path = format!("/run/netns/{ns}");
+        let file = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("opening {path}: {e}");
+                std::process::exit(1);
+            }
+        };
+        // SAFETY: a valid namespace fd; the process is single-threaded here.
+        let rc = unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&file), libc::CLONE_NEWNET) };
+        if rc != 0 {
+            eprintln!("setns {path}: {}", std::io::Error::last_os_error());
+            std::process::exit(1);
+        }
+    }
+    let started = Instant::now();
+    let mut out = std::io::stdout().lock();
+    let mut i = 0u64;
+    // Bounded in count, and in time when a duration is given.
+    while i < count && duration.is_none_or(|d| started.elapsed() < d) {
+        let mut line = attempt(mode, addr);
+        line["i"] = json!(i);
+        let _ = writeln!(out, "{line}");
+        i += 1;
+        if !interval.is_zero() {
+            std::thread::sleep(interval);
+        }
+    }
+    let _ = writeln!(out, "{}", json!({"done": true}));
+}

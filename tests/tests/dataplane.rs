@@ -1,0 +1,600 @@
+//! The socket load balancer end to end: the agent's node role programs the maps from YAML
+//! fixtures, and real TCP/UDP clients in a test namespace and child cgroup reach real backends
+//! in per-cluster namespaces. Each test asserts which backend answered. Root only (see
+//! `tests::netns` for the isolation rules).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{BufRead as _, BufReader},
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use tests::{
+    agent::{Agent, frontend, inspect},
+    netns::Topology,
+    probe::{self, Attempt, by_backend, by_cluster},
+    require_root,
+};
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/dataplane");
+const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Copies a fixture directory into the topology's input dir and returns that dir.
+fn input_dir(topo: &Topology, fixture: &str) -> std::path::PathBuf {
+    for entry in std::fs::read_dir(Path::new(FIXTURES).join(fixture)).expect("fixture dir") {
+        let path = entry.expect("entry").path();
+        let text = std::fs::read_to_string(&path).expect("fixture");
+        topo.write_fixture("input", &path.file_name().unwrap().to_string_lossy(), &text)
+            .expect("write fixture");
+    }
+    topo.dir.join("input")
+}
+
+fn start_node(topo: &Topology, input: &Path, extra: &[&str]) -> Agent {
+    let mut args = vec!["node", "--from-dir", input.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    Agent::start(topo, &args).expect("start agent")
+}
+
+fn clusters(attempts: &[Attempt]) -> BTreeSet<String> {
+    by_cluster(attempts).into_keys().collect()
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+fn all_ok(attempts: &[Attempt]) -> bool {
+    attempts.iter().all(|a| a.ok)
+}
+
+/// 1 and 5: a port declared by both clusters reaches both; a port declared by one cluster
+/// reaches only it; the conformance #20/#21 port conflicts route per port; getpeername reports
+/// the VIP.
+#[test]
+fn ports_reach_only_clusters_that_declare_them() {
+    require_root!();
+    let mut topo = Topology::new(&["a", "b"]).unwrap();
+    for c in ["a", "b"] {
+        for h in [10, 11] {
+            topo.start_backend(c, h, &["tcp:8080", "tcp:9090", "tcp:8042", "udp:5353"])
+                .unwrap();
+        }
+    }
+    let input = input_dir(&topo, "ports");
+    let mut agent = start_node(&topo, &input, &[]);
+    agent
+        .wait_for("the ports fixture in the maps", SYNC_TIMEOUT, |i| {
+            i.frontends.len() == 9
+        })
+        .unwrap();
+
+    let http = topo
+        .probe("tcp", "241.0.0.10:80", &["--count", "200"])
+        .unwrap();
+    assert!(all_ok(&http), "{:?}", by_cluster(&http));
+    assert_eq!(
+        clusters(&http),
+        set(&["a", "b"]),
+        "port 80 is declared by both"
+    );
+    assert_eq!(by_backend(&http).len(), 4, "all four backends serve :80");
+    assert!(
+        http.iter()
+            .all(|a| a.peer.as_deref() == Some("241.0.0.10:80")),
+        "getpeername must report the VIP"
+    );
+
+    let admin = topo
+        .probe("tcp", "241.0.0.10:9000", &["--count", "200"])
+        .unwrap();
+    assert!(all_ok(&admin), "{:?}", by_cluster(&admin));
+    assert_eq!(clusters(&admin), set(&["a"]), "only a declares admin:9000");
+    assert!(
+        admin
+            .iter()
+            .all(|a| a.reply.as_deref().unwrap().ends_with(":9090"))
+    );
+
+    let same_name = topo
+        .probe("tcp", "241.0.0.20:42", &["--count", "50"])
+        .unwrap();
+    assert!(all_ok(&same_name));
+    assert_eq!(
+        clusters(&same_name),
+        set(&["a"]),
+        "#20: b's tcp is 4242, not 42"
+    );
+
+    let p42 = topo
+        .probe("tcp", "241.0.0.21:42", &["--count", "50"])
+        .unwrap();
+    let p4242 = topo
+        .probe("tcp", "241.0.0.21:4242", &["--count", "50"])
+        .unwrap();
+    assert!(all_ok(&p42) && all_ok(&p4242));
+    assert_eq!(clusters(&p42), set(&["a"]), "#21: 42 is a's");
+    assert_eq!(clusters(&p4242), set(&["b"]), "#21: 4242 is b's");
+
+    let i = inspect(&topo.pin_dir).unwrap();
+    let row = frontend(&i, "241.0.0.10", 9000, "TCP").unwrap();
+    assert_eq!(row.translations, 200, "per-frontend counter");
+    assert_eq!(row.port_name, "admin");
+}
+
+/// 2: the IPv6 VIP reaches only IPv6 endpoints of clusters that declare IPv6, the IPv4 VIP
+/// only IPv4 endpoints of clusters that declare IPv4.
+#[test]
+fn each_family_reaches_only_clusters_of_that_family() {
+    require_root!();
+    let mut topo = Topology::new(&["a", "b", "c"]).unwrap();
+    for c in ["a", "b", "c"] {
+        topo.start_backend(c, 10, &["tcp:8080"]).unwrap();
+    }
+    let input = input_dir(&topo, "dualstack");
+    let mut agent = start_node(&topo, &input, &[]);
+    agent
+        .wait_for("the dual-stack fixture", SYNC_TIMEOUT, |i| {
+            i.frontends.len() == 4
+        })
+        .unwrap();
+
+    let v4 = topo
+        .probe("tcp", "241.0.0.30:80", &["--count", "100"])
+        .unwrap();
+    assert!(all_ok(&v4), "{:?}", by_cluster(&v4));
+    assert_eq!(clusters(&v4), set(&["a", "b"]));
+    assert!(
+        v4.iter()
+            .all(|a| a.reply.as_deref().unwrap().contains(" 10.99."))
+    );
+
+    let v6 = topo
+        .probe("tcp", "[fd00:241::30]:80", &["--count", "100"])
+        .unwrap();
+    assert!(all_ok(&v6), "{:?}", by_cluster(&v6));
+    assert_eq!(clusters(&v6), set(&["a", "c"]));
+    assert!(
+        v6.iter()
+            .all(|a| a.reply.as_deref().unwrap().contains(" [fd00:99:")),
+        "IPv6 VIP must reach IPv6 endpoints only"
+    );
+    assert!(
+        v6.iter()
+            .all(|a| a.peer.as_deref() == Some("[fd00:241::30]:80"))
+    );
+}
+
+/// 3: an undeclared port on a known VIP, and a frontend whose backends are all gone, are
+/// refused at once; an unknown address is left alone (and, with no route, unreachable).
+#[test]
+fn undeclared_ports_and_empty_frontends_are_refused() {
+    require_root!();
+    let mut topo = Topology::new(&["a"]).unwrap();
+    topo.start_backend("a", 10, &["tcp:8080", "udp:5353"])
+        .unwrap();
+    let input = input_dir(&topo, "refuse");
+    let mut agent = start_node(&topo, &input, &[]);
+    agent
+        .wait_for("the refuse fixture", SYNC_TIMEOUT, |i| {
+            i.frontends.len() == 7
+        })
+        .unwrap();
+
+    let ok = topo.probe("tcp", "241.0.0.10:80", &[]).unwrap();
+    assert!(all_ok(&ok));
+    for (mode, addr) in [
+        ("tcp", "241.0.0.10:81"),
+        ("tcp", "[fd00:241::10]:443"),
+        ("udp", "241.0.0.10:53"),
+        ("tcp", "241.0.0.40:80"),
+        ("udp", "241.0.0.40:53"),
+        ("udp-connected", "241.0.0.40:53"),
+    ] {
+        let r = topo.probe(mode, addr, &["--count", "3"]).unwrap();
+        assert!(
+            r.iter()
+                .all(|a| !a.ok && a.errno == Some(libc::ECONNREFUSED)),
+            "{mode} {addr}: {r:?}"
+        );
+    }
+    let other = topo.probe("tcp", "241.0.0.99:80", &[]).unwrap();
+    assert_eq!(other[0].errno, Some(libc::ENETUNREACH), "{other:?}");
+
+    let i = inspect(&topo.pin_dir).unwrap();
+    assert_eq!(frontend(&i, "241.0.0.10", 0, "*").unwrap().rejects, 6);
+    assert_eq!(frontend(&i, "241.0.0.40", 80, "TCP").unwrap().rejects, 3);
+    assert!(
+        frontend(&i, "241.0.0.40", 80, "TCP")
+            .unwrap()
+            .backends
+            .is_empty()
+    );
+}
+
+/// 4: UDP, connected and unconnected: replies come from (and getpeername reports) the VIP.
+#[test]
+fn udp_replies_come_from_the_vip() {
+    require_root!();
+    let mut topo = Topology::new(&["a", "b"]).unwrap();
+    for c in ["a", "b"] {
+        for h in [10, 11] {
+            topo.start_backend(c, h, &["tcp:8080", "udp:5353"]).unwrap();
+        }
+    }
+    let input = input_dir(&topo, "ports");
+    let mut agent = start_node(&topo, &input, &[]);
+    agent
+        .wait_for("the ports fixture", SYNC_TIMEOUT, |i| {
+            frontend(i, "241.0.0.10", 53, "UDP").is_some()
+        })
+        .unwrap();
+
+    let unconnected = topo
+        .probe("udp", "241.0.0.10:53", &["--count", "100"])
+        .unwrap();
+    assert!(all_ok(&unconnected), "{unconnected:?}");
+    assert_eq!(clusters(&unconnected), set(&["a", "b"]));
+    assert!(
+        unconnected
+            .iter()
+            .all(|a| a.from.as_deref() == Some("241.0.0.10:53")),
+        "recvfrom must report the VIP: {:?}",
+        unconnected
+            .iter()
+            .map(|a| a.from.clone())
+            .collect::<BTreeSet<_>>()
+    );
+    let connected = topo
+        .probe("udp-connected", "241.0.0.10:53", &["--count", "100"])
+        .unwrap();
+    assert!(all_ok(&connected), "{connected:?}");
+    assert_eq!(clusters(&connected), set(&["a", "b"]));
+    assert!(
+        connected
+            .iter()
+            .all(|a| a.peer.as_deref() == Some("241.0.0.10:53"))
+    );
+    assert!(
+        connected
+            .iter()
+            .all(|a| a.from.as_deref() == Some("241.0.0.10:53"))
+    );
+}
+
+/// 6: with ClientIP affinity, 50 connects from one namespace hit one backend; without it
+/// they spread over the backends.
+#[test]
+fn client_ip_affinity_sticks_and_no_affinity_spreads() {
+    require_root!();
+    let mut topo = Topology::new(&["a"]).unwrap();
+    for h in 10..=13 {
+        topo.start_backend("a", h, &["tcp:8080"]).unwrap();
+    }
+    let input = input_dir(&topo, "affinity");
+    let mut agent = start_node(&topo, &input, &[]);
+    agent
+        .wait_for("the affinity fixture", SYNC_TIMEOUT, |i| {
+            i.frontends.len() == 4
+        })
+        .unwrap();
+
+    let sticky = topo
+        .probe("tcp", "241.0.0.50:80", &["--count", "50"])
+        .unwrap();
+    assert!(all_ok(&sticky));
+    assert_eq!(by_backend(&sticky).len(), 1, "{:?}", by_backend(&sticky));
+    let spread = topo
+        .probe("tcp", "241.0.0.51:80", &["--count", "400"])
+        .unwrap();
+    assert!(all_ok(&spread));
+    // Uniform over 4 backends: each expects 100 of 400; 50 is over 5 standard deviations off.
+    let counts = by_backend(&spread);
+    assert_eq!(counts.len(), 4, "{counts:?}");
+    assert!(counts.values().all(|n| *n >= 50), "not uniform: {counts:?}");
+    eprintln!("spread: {counts:?}");
+
+    let i = inspect(&topo.pin_dir).unwrap();
+    let row = frontend(&i, "241.0.0.50", 80, "TCP").unwrap();
+    assert_eq!(row.affinity_timeout_seconds, Some(300));
+    assert_eq!(
+        row.affinity_hits, 49,
+        "every connect after the first is an affinity hit"
+    );
+}
+
+/// 7: the agent is killed with SIGKILL while a client runs 1000 connects: every connect
+/// succeeds, and the restarted agent adopts the same maps (same ids).
+#[test]
+fn connections_survive_an_agent_sigkill_and_restart_adopts_the_maps() {
+    require_root!();
+    let mut topo = Topology::new(&["a", "b"]).unwrap();
+    for c in ["a", "b"] {
+        for h in [10, 11] {
+            topo.start_backend(c, h, &["tcp:8080", "tcp:9090", "tcp:8042", "udp:5353"])
+                .unwrap();
+        }
+    }
+    let input = input_dir(&topo, "ports");
+    let mut agent = start_node(&topo, &input, &[]);
+    let before = agent
+        .wait_for("the ports fixture", SYNC_TIMEOUT, |i| {
+            i.frontends.len() == 9
+        })
+        .unwrap();
+
+    let mut client = topo
+        .probe_command(
+            "tcp",
+            "241.0.0.10:80",
+            &["--count", "1000", "--interval-ms", "2"],
+        )
+        .spawn()
+        .unwrap();
+    // Kill the agent once the client is well under way.
+    let stdout = client.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let mut out = String::new();
+    for line in lines.by_ref().take(100) {
+        out.push_str(&line.unwrap());
+        out.push('\n');
+    }
+    agent.kill(libc::SIGKILL);
+    assert!(!agent.running());
+    for line in lines {
+        out.push_str(&line.unwrap());
+        out.push('\n');
+    }
+    client.wait().unwrap();
+    let attempts = probe::parse(&out, "").unwrap();
+    assert_eq!(attempts.len(), 1000);
+    assert!(all_ok(&attempts), "{:?}", by_cluster(&attempts));
+    assert_eq!(clusters(&attempts), set(&["a", "b"]));
+
+    let mut restarted = start_node(&topo, &input, &[]);
+    restarted
+        .wait_for("the restarted agent's first sync", SYNC_TIMEOUT, |_| true)
+        .unwrap();
+    let deadline = Instant::now() + SYNC_TIMEOUT;
+    while !restarted.log_text().contains("maps synced") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = restarted.log_text();
+    assert!(
+        log.contains("adopted the pinned programs and links"),
+        "{log}"
+    );
+    assert!(
+        log.contains("writes=0"),
+        "an adopting agent rewrites nothing: {log}"
+    );
+    let after = inspect(&topo.pin_dir).unwrap();
+    assert_eq!(before.maps, after.maps, "same maps, same ids");
+    assert_eq!(before.links, after.links, "same links and programs");
+}
+
+fn churn_yaml(hosts: &[u8]) -> String {
+    let endpoints: Vec<String> = hosts
+        .iter()
+        .map(|h| format!("- addresses: [10.99.1.{h}]"))
+        .collect();
+    format!(
+        "apiVersion: multicluster.x-k8s.io/v1beta1
+kind: ServiceImport
+metadata: {{name: churn, namespace: demo}}
+spec:
+  type: ClusterSetIP
+  ips: [241.0.0.70]
+  ipFamilies: [IPv4]
+  ports: [{{name: http, protocol: TCP, port: 80}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: churn-a-ipv4
+  namespace: demo
+  labels: {{multicluster.kubernetes.io/service-name: churn, multicluster.kubernetes.io/source-cluster: a}}
+addressType: IPv4
+ports: [{{name: http, protocol: TCP, port: 8080}}]
+endpoints:
+{}
+",
+        endpoints.join("\n")
+    )
+}
+
+/// 8: backends churn every 50 ms for 10 s while a client connects in a loop. No connect fails
+/// (one backend is always up), and no connect that started after a backend's removal was
+/// written to the maps (as seen by polling them) reaches that backend.
+#[test]
+fn backend_churn_never_fails_a_connect_or_reaches_a_removed_backend() {
+    require_root!();
+    let mut topo = Topology::new(&["a"]).unwrap();
+    let stable = 10u8;
+    let churners: Vec<u8> = (20..26).collect();
+    topo.start_backend("a", stable, &["tcp:8080"]).unwrap();
+    for h in &churners {
+        topo.start_backend("a", *h, &["tcp:8080"]).unwrap();
+    }
+    let input = topo
+        .write_fixture("input", "churn.yaml", &churn_yaml(&[stable]))
+        .unwrap();
+    let mut agent = start_node(&topo, &input, &[]);
+    agent
+        .wait_for("the churn service", SYNC_TIMEOUT, |i| {
+            frontend(i, "241.0.0.70", 80, "TCP").is_some_and(|f| f.backends.len() == 1)
+        })
+        .unwrap();
+
+    let client = topo
+        .probe_command(
+            "tcp",
+            "241.0.0.70:80",
+            &["--duration-ms", "10000", "--count", "1000000"],
+        )
+        .spawn()
+        .unwrap();
+    // Drain the client's output as it comes: a full pipe would stall the client.
+    let client = std::thread::spawn(move || client.wait_with_output());
+
+    // Poll the maps. A sample is (read started, read finished, backends present), in µs.
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let pin_dir = topo.pin_dir.clone();
+    let monitor = std::thread::spawn(move || {
+        let mut samples: Vec<Sample> = Vec::new();
+        while stop_rx.try_recv().is_err() {
+            let t0 = now_us();
+            // Map reads are not atomic: a sample taken while a frontend flips can miss a slot,
+            // and a slow read can straddle two syncs. Such samples are dropped rather than
+            // mistaken for a removal.
+            if let Ok(i) = inspect(&pin_dir)
+                && let Some(f) = frontend(&i, "241.0.0.70", 80, "TCP")
+                && f.backends.len() == f.count as usize
+            {
+                let t1 = now_us();
+                if t1 - t0 < 10_000 {
+                    let present = f.backends.iter().map(|b| format!("a/{}", b.ip)).collect();
+                    samples.push(Sample { t0, t1, present });
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        samples
+    });
+
+    let started = Instant::now();
+    let mut step = 0usize;
+    while started.elapsed() < Duration::from_secs(10) {
+        // Two churners at a time, rotating: one added and one removed every 50 ms.
+        let a = churners[step % churners.len()];
+        let b = churners[(step + 1) % churners.len()];
+        topo.write_fixture("input", "churn.yaml", &churn_yaml(&[stable, a, b]))
+            .unwrap();
+        step += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = client.join().unwrap().unwrap();
+    stop_tx.send(()).unwrap();
+    let samples = monitor.join().unwrap();
+    let attempts = probe::parse(
+        &String::from_utf8_lossy(&output.stdout),
+        &String::from_utf8_lossy(&output.stderr),
+    )
+    .unwrap();
+
+    assert!(attempts.len() > 500, "the client ran: {}", attempts.len());
+    let failures: Vec<&Attempt> = attempts.iter().filter(|a| !a.ok).collect();
+    assert!(
+        failures.is_empty(),
+        "{} connects failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    let reached: BTreeMap<String, usize> = by_backend(&attempts);
+    assert!(reached.len() > 2, "churned backends were used: {reached:?}");
+    assert!(samples.len() > 100, "the monitor sampled the maps");
+    let transitions = samples
+        .windows(2)
+        .filter(|w| w[0].present != w[1].present)
+        .count();
+    assert!(
+        transitions >= 50,
+        "the maps must have followed the churn, saw {transitions} changes of the backend set"
+    );
+
+    // A connect [start, end] reaching X is wrong if a sample read entirely before the start and
+    // a sample read entirely after the end both lack X, no sample in between has X, and the two
+    // samples are less than 30 ms apart: X was out of the maps for the whole connect (once
+    // written, a backend stays in the maps for at least one 50 ms churn step).
+    let mut violations = Vec::new();
+    for a in &attempts {
+        let Some(backend) = a.backend() else { continue };
+        let Some(p) = samples.iter().rev().find(|s| s.t1 < a.start_us) else {
+            continue;
+        };
+        let Some(q) = samples.iter().find(|s| s.t0 > a.end_us) else {
+            continue;
+        };
+        let seen_between = samples
+            .iter()
+            .filter(|s| s.t1 >= p.t1 && s.t0 <= q.t0)
+            .any(|s| s.present.contains(backend));
+        if q.t0 - p.t1 < 30_000 && !seen_between {
+            violations.push((a.i, backend.to_owned()));
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "{} connects reached a backend already removed from the maps: {:?}",
+        violations.len(),
+        &violations[..violations.len().min(5)]
+    );
+    eprintln!(
+        "churn: {} connects, {} map samples, {} file changes, {transitions} map changes, backends reached {reached:?}",
+        attempts.len(),
+        samples.len(),
+        step
+    );
+}
+
+/// One read of the churn frontend's backends from the maps.
+struct Sample {
+    t0: u64,
+    t1: u64,
+    present: BTreeSet<String>,
+}
+
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// 9: a full map refuses the service that does not fit, with a clear error, and the services
+/// already installed keep working.
+#[test]
+fn a_full_map_refuses_one_service_and_keeps_the_others() {
+    require_root!();
+    let mut topo = Topology::new(&["a"]).unwrap();
+    for h in 10..=14 {
+        topo.start_backend("a", h, &["tcp:8080", "tcp:8081"])
+            .unwrap();
+    }
+    let input = input_dir(&topo, "capacity");
+    let mut agent = start_node(&topo, &input, &["--max-backends", "4"]);
+    agent
+        .wait_for("service a", SYNC_TIMEOUT, |i| {
+            frontend(i, "241.0.0.60", 80, "TCP").is_some_and(|f| f.backends.len() == 2)
+        })
+        .unwrap();
+    let deadline = Instant::now() + SYNC_TIMEOUT;
+    while !agent.log_text().contains("is full") && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = agent.log_text();
+    assert!(
+        log.contains(
+            "MCS_BACKENDS is full: service demo/b needs 3 new entries but only 2 of 4 are free"
+        ),
+        "{log}"
+    );
+    let a = topo
+        .probe("tcp", "241.0.0.60:80", &["--count", "20"])
+        .unwrap();
+    assert!(all_ok(&a), "{a:?}");
+    let i = inspect(&topo.pin_dir).unwrap();
+    assert!(
+        frontend(&i, "241.0.0.61", 80, "TCP").is_none(),
+        "b was refused whole"
+    );
+    assert!(
+        frontend(&i, "241.0.0.61", 0, "*").is_none(),
+        "including its wildcard"
+    );
+    // b is not installed, so its VIP is an unknown address: untouched and unroutable here.
+    let b = topo.probe("tcp", "241.0.0.61:80", &[]).unwrap();
+    assert_eq!(b[0].errno, Some(libc::ENETUNREACH));
+    assert!(agent.running(), "the agent keeps running");
+}
