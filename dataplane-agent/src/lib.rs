@@ -2,5 +2,7 @@
 //! `sink`). See ARCHITECTURE.md for the data flow and the routing rule.
 
 pub mod lb;
+pub mod merge;
 pub mod model;
+pub mod plan;
 pub mod source;
