@@ -353,3 +353,6 @@ fn build_import(d: &Draft<'_>, ips: Vec<String>, ready: MergeCondition) -> Servi
         }),
     }
 }
+
+#[cfg(test)]
+mod tests;
