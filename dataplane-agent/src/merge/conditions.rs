@@ -149,11 +149,12 @@ pub fn conflict(
     let disagree: Vec<&Export<'_>> = exports
         .iter()
         .filter(|e| {
-            e.ports
-                .iter()
-                .map(ports::key)
-                .collect::<std::collections::BTreeSet<_>>()
-                != merged
+            e.ports.len() != merged.len()
+                || e.ports
+                    .iter()
+                    .map(ports::key_ref)
+                    .collect::<std::collections::BTreeSet<_>>()
+                    != merged
         })
         .collect();
     if !disagree.is_empty() {

@@ -44,7 +44,15 @@ pub struct ClusterObjects<'a> {
     pub services: BTreeMap<NamespacedName, &'a Service>,
     pub exports: BTreeMap<NamespacedName, &'a ServiceExport>,
     /// Local slices by the Service they belong to, sorted by slice name.
-    pub slices: BTreeMap<NamespacedName, Vec<&'a EndpointSlice>>,
+    pub slices: BTreeMap<NamespacedName, Vec<LocalSlice<'a>>>,
+}
+
+/// A local EndpointSlice and whether every address in it is an IP of its `addressType`
+/// (checked once here, so the import does not parse the addresses again).
+#[derive(Clone, Copy, Debug)]
+pub struct LocalSlice<'a> {
+    pub slice: &'a EndpointSlice,
+    pub clean: bool,
 }
 
 /// A valid export, ready to merge.
@@ -60,7 +68,7 @@ pub struct Export<'a> {
     /// when neither says anything.
     pub families: Vec<IpFamily>,
     pub headless: bool,
-    pub local_slices: &'a [&'a EndpointSlice],
+    pub local_slices: &'a [LocalSlice<'a>],
 }
 
 impl Export<'_> {
@@ -145,7 +153,8 @@ pub fn index_clusters<'a>(
                 });
                 continue;
             };
-            for message in check_slice(slice) {
+            let (problems, clean) = check_slice(slice);
+            for message in problems {
                 diagnostics.push(Diagnostic {
                     cluster: Some(snap.cluster.clone()),
                     object: object.clone(),
@@ -156,21 +165,26 @@ pub fn index_clusters<'a>(
                 .slices
                 .entry(NamespacedName::new(id.namespace.clone(), svc.clone()))
                 .or_default();
+            // Same namespace (part of the key), so the name identifies the slice.
             match list
                 .iter_mut()
-                .find(|s| NamespacedName::of(&s.metadata) == id)
+                .find(|s| s.slice.metadata.name == slice.metadata.name)
             {
                 Some(existing) => {
                     diagnostics.push(dup("EndpointSlice", &id));
-                    pick_duplicate(existing, slice);
+                    let before = existing.slice;
+                    pick_duplicate(&mut existing.slice, slice);
+                    if !std::ptr::eq(before, existing.slice) {
+                        existing.clean = clean;
+                    }
                 }
-                None => list.push(slice),
+                None => list.push(LocalSlice { slice, clean }),
             }
         }
     }
     for objs in out.values_mut() {
         for list in objs.slices.values_mut() {
-            list.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+            list.sort_by(|a, b| a.slice.metadata.name.cmp(&b.slice.metadata.name));
         }
     }
     out
@@ -181,13 +195,15 @@ pub fn slice_family(slice: &EndpointSlice) -> Option<IpFamily> {
     slice.address_type.parse().ok()
 }
 
-/// Problems of a local EndpointSlice; the bad addresses are skipped by the merge.
-fn check_slice(slice: &EndpointSlice) -> Vec<String> {
+/// Problems of a local EndpointSlice (the bad addresses are skipped by the merge), and whether
+/// all its addresses are good.
+fn check_slice(slice: &EndpointSlice) -> (Vec<String>, bool) {
     let Some(family) = slice_family(slice) else {
-        return vec![format!(
+        let problem = format!(
             "addressType {:?} is not imported (only IPv4 and IPv6 are)",
             slice.address_type
-        )];
+        );
+        return (vec![problem], false);
     };
     let mut problems = Vec::new();
     for ep in &slice.endpoints {
@@ -201,6 +217,7 @@ fn check_slice(slice: &EndpointSlice) -> Vec<String> {
             }
         }
     }
+    let clean = problems.is_empty();
     for p in slice.ports.iter().flatten() {
         if !p.port.is_some_and(|n| (1..=65535).contains(&n)) {
             problems.push(format!(
@@ -210,7 +227,7 @@ fn check_slice(slice: &EndpointSlice) -> Vec<String> {
             ));
         }
     }
-    problems
+    (problems, clean)
 }
 
 /// An address of a local slice that the merge may import: an IP of the slice's family.
@@ -228,7 +245,7 @@ pub fn collect<'a>(
     let mut statuses = Vec::new();
     for (cluster, objs) in clusters {
         for (id, se) in &objs.exports {
-            let slices: &[&EndpointSlice] = objs.slices.get(id).map(Vec::as_slice).unwrap_or(&[]);
+            let slices: &[LocalSlice<'_>] = objs.slices.get(id).map(Vec::as_slice).unwrap_or(&[]);
             match validate(cluster, objs.services.get(id).copied(), se, slices) {
                 Ok(export) => by_service.entry(id.clone()).or_default().push(export),
                 Err((reason, message)) => statuses.push(ExportStatus {
@@ -250,7 +267,7 @@ fn validate<'a>(
     cluster: &'a ClusterId,
     service: Option<&'a Service>,
     se: &'a ServiceExport,
-    local_slices: &'a [&'a EndpointSlice],
+    local_slices: &'a [LocalSlice<'a>],
 ) -> Result<Export<'a>, (String, String)> {
     let Some(service) = service else {
         return Err((
@@ -258,7 +275,8 @@ fn validate<'a>(
             "No Service of the same namespace/name exists in this cluster.".into(),
         ));
     };
-    let spec = service.spec.clone().unwrap_or_default();
+    let no_spec = k8s_openapi::api::core::v1::ServiceSpec::default();
+    let spec = service.spec.as_ref().unwrap_or(&no_spec);
     match spec.type_.as_deref() {
         None | Some("ClusterIP") | Some("NodePort") | Some("LoadBalancer") => {}
         Some("ExternalName") => {
@@ -300,7 +318,7 @@ fn validate<'a>(
         // serves. Sorted, so the result does not depend on the slices' order.
         let set: BTreeSet<IpFamily> = local_slices
             .iter()
-            .filter_map(|s| slice_family(s))
+            .filter_map(|s| slice_family(s.slice))
             .collect();
         set.into_iter().collect()
     } else {
@@ -325,13 +343,12 @@ pub fn normalize_ports(
 ) -> Result<Vec<ServicePort>, Vec<String>> {
     let mut out = Vec::with_capacity(ports.len());
     let mut problems = Vec::new();
-    let mut names = BTreeSet::new();
-    let mut numbers = BTreeSet::new();
+    let mut names: BTreeSet<&str> = BTreeSet::new();
+    let mut numbers: BTreeSet<(&str, i32)> = BTreeSet::new();
     for p in ports {
-        let name = p.name.clone().filter(|n| !n.is_empty());
-        let shown = name.as_deref().unwrap_or("");
-        let protocol = p.protocol.clone().unwrap_or_else(|| "TCP".into());
-        if !matches!(protocol.as_str(), "TCP" | "UDP" | "SCTP") {
+        let shown = p.name.as_deref().unwrap_or("");
+        let protocol = p.protocol.as_deref().unwrap_or("TCP");
+        if !matches!(protocol, "TCP" | "UDP" | "SCTP") {
             problems.push(format!(
                 "port {shown:?} has protocol {protocol:?} (expected TCP, UDP or SCTP)"
             ));
@@ -342,15 +359,15 @@ pub fn normalize_ports(
                 p.port
             ));
         }
-        if !names.insert(shown.to_owned()) {
+        if !names.insert(shown) {
             problems.push(format!("port name {shown:?} is used twice"));
         }
-        if !numbers.insert((protocol.clone(), p.port)) {
+        if !numbers.insert((protocol, p.port)) {
             problems.push(format!("{}/{protocol} is declared twice", p.port));
         }
         out.push(ServicePort {
-            name,
-            protocol: Some(protocol),
+            name: (!shown.is_empty()).then(|| shown.to_owned()),
+            protocol: Some(protocol.to_owned()),
             app_protocol: p.app_protocol.clone().filter(|a| !a.is_empty()),
             port: p.port,
         });

@@ -297,7 +297,8 @@ pub fn merge(
         plan.routing.push(routing);
     }
 
-    export_statuses.sort();
+    // (cluster, service) is unique, so this order is total.
+    export_statuses.sort_by(|a, b| (&a.cluster, &a.service).cmp(&(&b.cluster, &b.service)));
     plan.export_statuses = export_statuses;
     plan.endpoint_slices.sort_by(|a, b| {
         (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))

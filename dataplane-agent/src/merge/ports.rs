@@ -35,6 +35,19 @@ pub fn key(p: &ServicePort) -> PortKey {
     )
 }
 
+/// The comparison key, borrowed: what the merge compares many times without allocating.
+pub type PortKeyRef<'a> = (&'a str, &'a str, i32, Option<&'a str>);
+
+/// The borrowed key of a normalised port.
+pub fn key_ref(p: &ServicePort) -> PortKeyRef<'_> {
+    (
+        p.name_or_empty(),
+        p.protocol_or_tcp(),
+        p.port,
+        p.app_protocol.as_deref(),
+    )
+}
+
 /// Whether two ports are "the same port" for routing: same name, protocol and number.
 pub fn same_l4(a: &ServicePort, b: &ServicePort) -> bool {
     a.name_or_empty() == b.name_or_empty()
@@ -61,8 +74,8 @@ pub struct MergedPorts {
 
 impl MergedPorts {
     /// The merged ports as a set of keys, to compare each export's ports against.
-    pub fn key_set(&self) -> BTreeSet<PortKey> {
-        self.merged.iter().map(|m| key(&m.port)).collect()
+    pub fn key_set(&self) -> BTreeSet<PortKeyRef<'_>> {
+        self.merged.iter().map(|m| key_ref(&m.port)).collect()
     }
 }
 
@@ -95,7 +108,7 @@ pub fn merge(exports: &[&Export<'_>]) -> MergedPorts {
                 m.port.protocol_or_tcp() == p.protocol_or_tcp() && m.port.port == p.port
             });
             match by_name.or(by_number) {
-                Some(i) if key(&out.merged[i].port) == key(p) => {}
+                Some(i) if key_ref(&out.merged[i].port) == key_ref(p) => {}
                 Some(i) => out.dropped.push(Dropped {
                     port: p.clone(),
                     cluster: e.cluster.clone(),

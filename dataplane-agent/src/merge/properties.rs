@@ -44,44 +44,74 @@ pub struct Properties {
     pub conflicts: Vec<(ConflictReason, String)>,
 }
 
-/// The normalised properties of an export.
-pub fn of(e: &Export<'_>) -> Winner {
+/// The normalised properties of an export, borrowed: the merge compares every export with
+/// the winner without copying their values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct View<'a> {
+    type_: ServiceImportType,
+    session_affinity: &'a str,
+    /// The ClientIP timeout, only with ClientIP affinity.
+    timeout: Option<i32>,
+    internal_traffic_policy: &'a str,
+    traffic_distribution: Option<&'a str>,
+    labels: &'a BTreeMap<String, String>,
+    annotations: &'a BTreeMap<String, String>,
+}
+
+fn view<'a>(e: &'a Export<'_>) -> View<'a> {
     let spec = e.service.spec.as_ref();
     let session_affinity = spec
-        .and_then(|s| s.session_affinity.clone())
-        .unwrap_or_else(|| "None".into());
-    let session_affinity_config = (session_affinity == "ClientIP").then(|| {
-        let timeout = spec
-            .and_then(|s| s.session_affinity_config.as_ref())
+        .and_then(|s| s.session_affinity.as_deref())
+        .unwrap_or("None");
+    let timeout = (session_affinity == "ClientIP").then(|| {
+        spec.and_then(|s| s.session_affinity_config.as_ref())
             .and_then(|c| c.client_ip.as_ref())
             .and_then(|c| c.timeout_seconds)
-            .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_S as i32);
-        SessionAffinityConfig {
-            client_ip: Some(ClientIpConfig {
-                timeout_seconds: Some(timeout),
-            }),
-        }
+            .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_S as i32)
     });
-    Winner {
+    View {
         type_: if e.headless {
             ServiceImportType::Headless
         } else {
             ServiceImportType::ClusterSetIP
         },
         session_affinity,
-        session_affinity_config,
+        timeout,
         internal_traffic_policy: spec
-            .and_then(|s| s.internal_traffic_policy.clone())
-            .unwrap_or_else(|| "Cluster".into()),
-        traffic_distribution: spec.and_then(|s| s.traffic_distribution.clone()),
-        labels: e.spec.exported_labels.clone(),
-        annotations: e.spec.exported_annotations.clone(),
+            .and_then(|s| s.internal_traffic_policy.as_deref())
+            .unwrap_or("Cluster"),
+        traffic_distribution: spec.and_then(|s| s.traffic_distribution.as_deref()),
+        labels: &e.spec.exported_labels,
+        annotations: &e.spec.exported_annotations,
     }
 }
 
-fn same_distribution(a: &Option<String>, b: &Option<String>) -> bool {
-    fn canon(v: &Option<String>) -> Option<&str> {
-        match v.as_deref() {
+impl View<'_> {
+    fn to_winner(self) -> Winner {
+        Winner {
+            type_: self.type_,
+            session_affinity: self.session_affinity.to_owned(),
+            session_affinity_config: self.timeout.map(|t| SessionAffinityConfig {
+                client_ip: Some(ClientIpConfig {
+                    timeout_seconds: Some(t),
+                }),
+            }),
+            internal_traffic_policy: self.internal_traffic_policy.to_owned(),
+            traffic_distribution: self.traffic_distribution.map(str::to_owned),
+            labels: self.labels.clone(),
+            annotations: self.annotations.clone(),
+        }
+    }
+}
+
+/// The normalised properties of an export.
+pub fn of(e: &Export<'_>) -> Winner {
+    view(e).to_winner()
+}
+
+fn same_distribution(a: Option<&str>, b: Option<&str>) -> bool {
+    fn canon(v: Option<&str>) -> Option<&str> {
+        match v {
             Some("PreferClose") => Some("PreferSameZone"),
             other => other,
         }
@@ -89,17 +119,11 @@ fn same_distribution(a: &Option<String>, b: &Option<String>) -> bool {
     canon(a) == canon(b)
 }
 
-fn timeout(c: &Option<SessionAffinityConfig>) -> Option<i32> {
-    c.as_ref()
-        .and_then(|c| c.client_ip.as_ref())
-        .and_then(|c| c.timeout_seconds)
-}
-
 /// Merges the properties of `exports` (oldest first). Every valid export takes part in the
 /// comparison, including those the family merge left out.
 pub fn merge(exports: &[Export<'_>]) -> Properties {
-    let all: Vec<Winner> = exports.iter().map(of).collect();
-    let Some(winner) = all.first().cloned() else {
+    let all: Vec<View<'_>> = exports.iter().map(view).collect();
+    let Some(w) = all.first().copied() else {
         return Properties {
             winner: Winner {
                 type_: ServiceImportType::ClusterSetIP,
@@ -119,15 +143,16 @@ pub fn merge(exports: &[Export<'_>]) -> Properties {
     let mut conflicts = Vec::new();
     let mut check = |reason: ConflictReason,
                      field: &str,
-                     value: String,
-                     differs: &dyn Fn(&Winner) -> bool| {
-        let n = all.iter().filter(|w| differs(w)).count();
+                     value: &dyn Fn() -> String,
+                     differs: &dyn Fn(&View<'_>) -> bool| {
+        let n = all.iter().filter(|v| differs(v)).count();
         if n > 0 {
             conflicts.push((
                 reason,
                 format!(
-                    "Conflicting {field}. Using {value} from oldest service export in \"{cluster}\". \
-                     {n}/{total} clusters disagree."
+                    "Conflicting {field}. Using {} from oldest service export in \"{cluster}\". \
+                     {n}/{total} clusters disagree.",
+                    value()
                 ),
             ));
         }
@@ -137,53 +162,52 @@ pub fn merge(exports: &[Export<'_>]) -> Properties {
     check(
         ConflictReason::Type,
         "type",
-        quoted(&winner.type_.to_string()),
-        &|w| w.type_ != winner.type_,
+        &|| quoted(&w.type_.to_string()),
+        &|v| v.type_ != w.type_,
     );
     check(
         ConflictReason::SessionAffinity,
         "sessionAffinity",
-        quoted(&winner.session_affinity),
-        &|w| w.session_affinity != winner.session_affinity,
+        &|| quoted(w.session_affinity),
+        &|v| v.session_affinity != w.session_affinity,
     );
-    if winner.session_affinity == "ClientIP" {
-        let t = timeout(&winner.session_affinity_config).unwrap_or_default();
+    if let Some(t) = w.timeout {
         check(
             ConflictReason::SessionAffinityConfig,
             "sessionAffinityConfig",
-            format!("clientIP.timeoutSeconds {t}"),
-            &|w| w.session_affinity == "ClientIP" && timeout(&w.session_affinity_config) != Some(t),
+            &|| format!("clientIP.timeoutSeconds {t}"),
+            &|v| v.timeout.is_some_and(|other| other != t),
         );
     }
     check(
         ConflictReason::InternalTrafficPolicy,
         "internalTrafficPolicy",
-        quoted(&winner.internal_traffic_policy),
-        &|w| w.internal_traffic_policy != winner.internal_traffic_policy,
+        &|| quoted(w.internal_traffic_policy),
+        &|v| v.internal_traffic_policy != w.internal_traffic_policy,
     );
     check(
         ConflictReason::TrafficDistribution,
         "trafficDistribution",
-        winner
-            .traffic_distribution
-            .as_deref()
-            .map_or_else(|| "no trafficDistribution".to_owned(), quoted),
-        &|w| !same_distribution(&w.traffic_distribution, &winner.traffic_distribution),
+        &|| {
+            w.traffic_distribution
+                .map_or_else(|| "no trafficDistribution".to_owned(), quoted)
+        },
+        &|v| !same_distribution(v.traffic_distribution, w.traffic_distribution),
     );
     check(
         ConflictReason::Labels,
         "exportedLabels",
-        json(&winner.labels),
-        &|w| w.labels != winner.labels,
+        &|| json(w.labels),
+        &|v| v.labels != w.labels,
     );
     check(
         ConflictReason::Annotations,
         "exportedAnnotations",
-        json(&winner.annotations),
-        &|w| w.annotations != winner.annotations,
+        &|| json(w.annotations),
+        &|v| v.annotations != w.annotations,
     );
     Properties {
-        winner,
+        winner: w.to_winner(),
         winner_cluster: Some(cluster),
         conflicts,
     }

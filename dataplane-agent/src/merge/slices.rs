@@ -19,7 +19,7 @@
 //! gets `-<8 hex digits of FNV-1a>` of the service and cluster; names are capped at 253
 //! characters the same way.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::ServiceRouting;
 use super::exports::{Export, usable_address};
@@ -39,7 +39,8 @@ pub const MAX_NAME: usize = 253;
 /// sorted order, so the result is deterministic).
 #[derive(Debug, Default)]
 pub struct NameAllocator {
-    used: BTreeSet<(String, String)>,
+    /// Names taken, per namespace.
+    used: HashMap<String, HashSet<String>>,
 }
 
 impl NameAllocator {
@@ -57,8 +58,12 @@ impl NameAllocator {
         } else {
             candidate.clone()
         };
+        let used = match self.used.get_mut(namespace) {
+            Some(u) => u,
+            None => self.used.entry(namespace.to_owned()).or_default(),
+        };
         let mut n = 0u32;
-        while !self.used.insert((namespace.to_owned(), name.clone())) {
+        while used.contains(&name) {
             // A second try is a name collision; more are hash collisions on top of it.
             n += 1;
             let salt = if n == 1 {
@@ -68,56 +73,62 @@ impl NameAllocator {
             };
             name = hashed(&candidate, &salt);
         }
+        used.insert(name.clone());
         name
     }
 }
 
-/// The sort key of an imported endpoint: every field that is copied.
-type EndpointKey = (
-    Vec<String>,
-    Option<String>,
-    Option<String>,
-    Option<bool>,
-    Option<bool>,
-    Option<bool>,
-);
-
-fn endpoint_key(ep: &Endpoint, family: IpFamily) -> Option<EndpointKey> {
-    let addresses: Vec<String> = ep
-        .addresses
-        .iter()
-        .filter(|a| usable_address(a, family))
-        .cloned()
-        .collect();
-    if addresses.is_empty() {
-        return None;
-    }
-    let c = ep.conditions.as_ref();
-    Some((
-        addresses,
-        ep.hostname.clone(),
-        ep.zone.clone(),
-        c.and_then(|c| c.ready),
-        c.and_then(|c| c.serving),
-        c.and_then(|c| c.terminating),
-    ))
+/// What is imported of an endpoint, borrowed from the local slice: the addresses of the
+/// slice's family, the conditions, hostname and zone. Ordered by every field, so sorting and
+/// deduplicating make the result independent of the local slices' order. Kept small on
+/// purpose: the owned `Endpoint` (hundreds of bytes) is built once, in its final place.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Imported<'a> {
+    addresses: Vec<&'a str>,
+    hostname: Option<&'a str>,
+    zone: Option<&'a str>,
+    conditions: Option<(Option<bool>, Option<bool>, Option<bool>)>,
 }
 
-fn endpoint_of(key: EndpointKey) -> Endpoint {
-    let (addresses, hostname, zone, ready, serving, terminating) = key;
-    let conditions = (ready.is_some() || serving.is_some() || terminating.is_some()).then_some(
-        EndpointConditions {
-            ready,
-            serving,
-            terminating,
-        },
-    );
-    Endpoint {
-        addresses,
-        conditions,
-        hostname,
-        zone,
-        ..Default::default()
+impl<'a> Imported<'a> {
+    /// `None` when no address of `family` is left. `clean` slices were checked when indexed
+    /// and need no parsing here.
+    fn of(ep: &'a Endpoint, family: IpFamily, clean: bool) -> Option<Self> {
+        let addresses: Vec<&str> = ep
+            .addresses
+            .iter()
+            .map(String::as_str)
+            .filter(|a| clean || usable_address(a, family))
+            .collect();
+        if addresses.is_empty() {
+            return None;
+        }
+        Some(Self {
+            addresses,
+            hostname: ep.hostname.as_deref(),
+            zone: ep.zone.as_deref(),
+            conditions: ep
+                .conditions
+                .as_ref()
+                .map(|c| (c.ready, c.serving, c.terminating))
+                .filter(|c| *c != (None, None, None)),
+        })
+    }
+
+    fn to_endpoint(&self) -> Endpoint {
+        Endpoint {
+            addresses: self.addresses.iter().map(|a| (*a).to_owned()).collect(),
+            conditions: self
+                .conditions
+                .map(|(ready, serving, terminating)| EndpointConditions {
+                    ready,
+                    serving,
+                    terminating,
+                }),
+            hostname: self.hostname.map(str::to_owned),
+            zone: self.zone.map(str::to_owned),
+            ..Default::default()
+        }
     }
 }
 
@@ -145,18 +156,18 @@ pub fn build(
                 continue;
             }
             // Endpoints grouped by the ports their slice gives them.
-            let mut groups: BTreeMap<Vec<SlicePort>, Vec<EndpointKey>> = BTreeMap::new();
+            let mut groups: BTreeMap<Vec<SlicePort>, Vec<Imported<'_>>> = BTreeMap::new();
             for local in e
                 .local_slices
                 .iter()
-                .filter(|s| s.address_type == family.address_type())
+                .filter(|s| s.slice.address_type == family.address_type())
             {
                 let ports: Vec<SlicePort> = declared
                     .iter()
                     .filter_map(|m| {
                         let name = m.port.name_or_empty();
                         let proto = m.port.protocol_or_tcp();
-                        local.ports.iter().flatten().find_map(|lp| {
+                        local.slice.ports.iter().flatten().find_map(|lp| {
                             let number = lp.port.filter(|n| (1..=65535).contains(n))?;
                             (lp.name.as_deref().unwrap_or("") == name
                                 && lp.protocol.as_deref().unwrap_or("TCP") == proto)
@@ -177,9 +188,10 @@ pub fn build(
                 let group = groups.entry(ports).or_default();
                 group.extend(
                     local
+                        .slice
                         .endpoints
                         .iter()
-                        .filter_map(|ep| endpoint_key(ep, *family)),
+                        .filter_map(|ep| Imported::of(ep, *family, local.clean)),
                 );
             }
             let base = format!(
@@ -194,6 +206,7 @@ pub fn build(
                 endpoints.sort();
                 endpoints.dedup();
                 for chunk in endpoints.chunks(MAX_ENDPOINTS) {
+                    let chunk: Vec<Endpoint> = chunk.iter().map(Imported::to_endpoint).collect();
                     index += 1;
                     let candidate = if index == 1 {
                         base.clone()
@@ -215,7 +228,7 @@ fn slice(
     family: IpFamily,
     name: String,
     ports: &[SlicePort],
-    endpoints: &[EndpointKey],
+    endpoints: Vec<Endpoint>,
 ) -> EndpointSlice {
     let labels = BTreeMap::from([
         (LABEL_SERVICE_NAME.to_owned(), service.name.clone()),
@@ -230,7 +243,7 @@ fn slice(
             ..Default::default()
         },
         address_type: family.address_type().to_owned(),
-        endpoints: endpoints.iter().cloned().map(endpoint_of).collect(),
+        endpoints,
         ports: (!ports.is_empty()).then(|| {
             ports
                 .iter()
