@@ -208,6 +208,9 @@ fn check_slice(slice: &EndpointSlice) -> (Vec<String>, bool) {
     let mut problems = Vec::new();
     for ep in &slice.endpoints {
         for addr in &ep.addresses {
+            if family == IpFamily::IPv4 && is_ipv4(addr) {
+                continue;
+            }
             match addr.parse::<IpAddr>() {
                 Ok(ip) if IpFamily::of(&ip) != family => problems.push(format!(
                     "address {addr} does not match addressType {family}; skipped"
@@ -232,8 +235,34 @@ fn check_slice(slice: &EndpointSlice) -> (Vec<String>, bool) {
 
 /// An address of a local slice that the merge may import: an IP of the slice's family.
 pub fn usable_address(addr: &str, family: IpFamily) -> bool {
-    addr.parse::<IpAddr>()
-        .is_ok_and(|ip| IpFamily::of(&ip) == family)
+    (family == IpFamily::IPv4 && is_ipv4(addr))
+        || addr
+            .parse::<IpAddr>()
+            .is_ok_and(|ip| IpFamily::of(&ip) == family)
+}
+
+/// Whether `s` is a dotted-quad IPv4 address, exactly as `Ipv4Addr::from_str` decides (four
+/// decimal octets up to 255, no leading zeros), without its generic parser: half a million
+/// endpoint addresses are checked per merge.
+pub fn is_ipv4(s: &str) -> bool {
+    let mut octets = 0;
+    for part in s.split('.') {
+        octets += 1;
+        let b = part.as_bytes();
+        let ok = match b.len() {
+            1 => b[0].is_ascii_digit(),
+            2 | 3 => {
+                b[0] != b'0'
+                    && b.iter().all(u8::is_ascii_digit)
+                    && b.iter().fold(0u32, |n, d| n * 10 + u32::from(d - b'0')) <= 255
+            }
+            _ => false,
+        };
+        if !ok || octets > 4 {
+            return false;
+        }
+    }
+    octets == 4
 }
 
 /// Valid exports by service (each list in precedence order, oldest first), and the statuses of
@@ -396,4 +425,52 @@ pub fn parse_families(raw: &[String]) -> Result<Vec<IpFamily>, String> {
         out.push(family);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The fast IPv4 check agrees with the standard library's parser.
+        #[test]
+        fn is_ipv4_matches_std(s in "[0-9.]{0,16}|[0-9a-f:.]{0,20}") {
+            prop_assert_eq!(is_ipv4(&s), s.parse::<std::net::Ipv4Addr>().is_ok(), "{}", s);
+        }
+
+        /// Near-valid quads: octets past 255, leading zeros, missing or extra octets.
+        #[test]
+        fn is_ipv4_matches_std_on_quads(
+            o in prop::collection::vec((0u32..300, any::<bool>()), 3..6)
+        ) {
+            let s: Vec<String> = o
+                .iter()
+                .map(|(n, zero)| if *zero { format!("0{n}") } else { n.to_string() })
+                .collect();
+            let s = s.join(".");
+            prop_assert_eq!(is_ipv4(&s), s.parse::<std::net::Ipv4Addr>().is_ok(), "{}", s);
+        }
+    }
+
+    #[test]
+    fn is_ipv4_table() {
+        for ok in ["0.0.0.0", "10.1.2.3", "255.255.255.255", "1.10.100.199"] {
+            assert!(is_ipv4(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "1.2.3",
+            "1.2.3.4.5",
+            "256.0.0.1",
+            "01.2.3.4",
+            "1..2.3",
+            "1.2.3.",
+            "a.b.c.d",
+            "::1",
+            "1.2.3.4 ",
+        ] {
+            assert!(!is_ipv4(bad), "{bad}");
+        }
+    }
 }

@@ -286,7 +286,7 @@ pub fn merge(
                 .collect(),
         };
         if d.families.supported {
-            plan.endpoint_slices.extend(slices::build(
+            plan.endpoint_slices.append(&mut slices::build(
                 &d.service,
                 &d.contributing,
                 &routing,
