@@ -12,8 +12,10 @@
 //!    the order of the inputs, and feeding the result back as the existing imports changes
 //!    nothing.
 //!
-//! An import for which some family has no free address gets no IPs at all (so `ips` always
-//! aligns with `ipFamilies`); the caller marks it `Ready=False`.
+//! When a CIDR has fewer usable addresses than imports need, the imports are served in
+//! namespace/name order until it is full; the others get no IPs at all (so `ips` always aligns
+//! with `ipFamilies`), whatever the existing imports hold, and the caller marks them
+//! `Ready=False`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -124,6 +126,22 @@ pub fn allocate(
     );
     let mut sorted: Vec<Request<'_>> = requests.to_vec();
     sorted.sort_by(|a, b| a.service.cmp(b.service));
+    // Which services get IPs at all depends only on the requests, never on the existing
+    // imports: when a CIDR is too small, the first services in namespace/name order take it.
+    // Stickiness then only decides which address each one gets, so feeding the result back
+    // cannot change who has an IP.
+    let (mut left4, mut left6) = (v4.usable, v6.usable);
+    sorted.retain(|r| {
+        let need4 = u128::from(r.families.contains(&IpFamily::IPv4));
+        let need6 = u128::from(r.families.contains(&IpFamily::IPv6));
+        if left4 >= need4 && left6 >= need6 {
+            left4 -= need4;
+            left6 -= need6;
+            true
+        } else {
+            false
+        }
+    });
 
     // Existing imports, one per service, independent of their order.
     let mut old: Vec<(NamespacedName, &Vec<String>)> = existing
@@ -264,6 +282,38 @@ mod tests {
         let back: Vec<ServiceImport> = got
             .iter()
             .rev()
+            .map(|(s, ips)| import(&s.name, &ips.iter().map(String::as_str).collect::<Vec<_>>()))
+            .collect();
+        assert_eq!(allocate(&reqs, &back, &cidrs), got);
+    }
+
+    #[test]
+    fn a_full_cidr_serves_the_first_services_whatever_they_held() {
+        let cidrs = ClusterSetCidrs {
+            ipv4: "10.9.0.0/30".parse().expect("cidr"),
+            ..Default::default()
+        };
+        let (a, b, c) = (nn("a"), nn("b"), nn("c"));
+        let v4 = [IpFamily::IPv4];
+        let reqs = [
+            Request {
+                service: &c,
+                families: &v4,
+            },
+            Request {
+                service: &a,
+                families: &v4,
+            },
+            Request {
+                service: &b,
+                families: &v4,
+            },
+        ];
+        // c held an address, but only two services fit: a and b.
+        let got = allocate(&reqs, &[import("c", &["10.9.0.1"])], &cidrs);
+        assert_eq!(got.keys().collect::<Vec<_>>(), vec![&a, &b]);
+        let back: Vec<ServiceImport> = got
+            .iter()
             .map(|(s, ips)| import(&s.name, &ips.iter().map(String::as_str).collect::<Vec<_>>()))
             .collect();
         assert_eq!(allocate(&reqs, &back, &cidrs), got);
