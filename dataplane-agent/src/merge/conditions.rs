@@ -182,6 +182,16 @@ pub fn conflict(
                 ports.dropped.len() - SHOWN
             ));
         }
+        let named: Vec<String> = disagree
+            .iter()
+            .take(SHOWN)
+            .map(|e| format!("\"{}\"", e.cluster))
+            .collect();
+        msg.push_str(&format!(
+            " Ports differing from the merged ports in: {}{}.",
+            named.join(", "),
+            if disagree.len() > SHOWN { ", ..." } else { "" }
+        ));
         msg.push_str(&format!(
             " {}/{} clusters disagree.",
             disagree.len(),
