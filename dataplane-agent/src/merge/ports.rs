@@ -22,20 +22,7 @@ use super::MergedPort;
 use super::exports::Export;
 use crate::model::{ClusterId, ServicePort};
 
-/// The comparison key of a port: (name, protocol, port, appProtocol).
-pub type PortKey = (String, String, i32, Option<String>);
-
-/// The key of a normalised port.
-pub fn key(p: &ServicePort) -> PortKey {
-    (
-        p.name_or_empty().to_owned(),
-        p.protocol_or_tcp().to_owned(),
-        p.port,
-        p.app_protocol.clone(),
-    )
-}
-
-/// The comparison key, borrowed: what the merge compares many times without allocating.
+/// The comparison key of a port: (name, protocol, port, appProtocol), borrowed.
 pub type PortKeyRef<'a> = (&'a str, &'a str, i32, Option<&'a str>);
 
 /// The borrowed key of a normalised port.
