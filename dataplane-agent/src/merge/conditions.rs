@@ -14,6 +14,8 @@
 //! group per contested field, in the same order, each naming the winning value, the cluster of
 //! the oldest export and how many clusters disagree.
 
+use std::borrow::Cow;
+
 use serde::Serialize;
 
 use super::exports::Export;
@@ -43,17 +45,24 @@ pub struct MergeCondition {
     #[serde(rename = "type")]
     pub type_: ConditionType,
     pub status: ConditionStatus,
-    pub reason: String,
-    pub message: String,
+    /// Static for the fixed conditions, so 50,000 exports do not each allocate them.
+    pub reason: Cow<'static, str>,
+    pub message: Cow<'static, str>,
 }
 
 /// The Kubernetes limit on a condition message.
 pub const MAX_MESSAGE: usize = 32768;
 
 impl MergeCondition {
-    fn new(type_: ConditionType, status: ConditionStatus, reason: &str, message: &str) -> Self {
-        let mut message = message.to_owned();
+    fn new(
+        type_: ConditionType,
+        status: ConditionStatus,
+        reason: impl Into<Cow<'static, str>>,
+        message: impl Into<Cow<'static, str>>,
+    ) -> Self {
+        let mut message = message.into();
         if message.len() > MAX_MESSAGE {
+            let message = message.to_mut();
             let mut end = MAX_MESSAGE - 3;
             while !message.is_char_boundary(end) {
                 end -= 1;
@@ -64,7 +73,7 @@ impl MergeCondition {
         Self {
             type_,
             status,
-            reason: reason.to_owned(),
+            reason: reason.into(),
             message,
         }
     }
@@ -91,9 +100,9 @@ impl MergeCondition {
         };
         Condition {
             last_transition_time,
-            message: self.message.clone(),
+            message: self.message.to_string(),
             observed_generation: None,
-            reason: self.reason.clone(),
+            reason: self.reason.to_string(),
             status: status.into(),
             type_: type_.into(),
         }
@@ -217,7 +226,7 @@ pub fn valid_export(conflict: Option<(String, String)>) -> Vec<MergeCondition> {
     use ConditionStatus::*;
     use ConditionType::*;
     let conflict = match conflict {
-        Some((reason, message)) => MergeCondition::new(Conflict, True, &reason, &message),
+        Some((reason, message)) => MergeCondition::new(Conflict, True, reason, message),
         None => MergeCondition::new(
             Conflict,
             False,
@@ -247,7 +256,7 @@ pub fn invalid_export(reason: &str, message: &str) -> Vec<MergeCondition> {
     use ConditionStatus::*;
     use ConditionType::*;
     vec![
-        MergeCondition::new(Valid, False, reason, message),
+        MergeCondition::new(Valid, False, reason.to_owned(), message.to_owned()),
         MergeCondition::new(Ready, False, "Pending", "The ServiceExport is not valid."),
     ]
 }
@@ -273,7 +282,7 @@ pub fn import_family_not_supported(import: &[IpFamily], local: &[IpFamily]) -> M
         ConditionType::Ready,
         ConditionStatus::False,
         "IPFamilyNotSupported",
-        &format!(
+        format!(
             "The importing cluster supports {} and none of the ServiceImport's IP families {}.",
             show(local),
             show(import)
@@ -287,7 +296,7 @@ pub fn import_no_ip(import: &[IpFamily]) -> MergeCondition {
         ConditionType::Ready,
         ConditionStatus::False,
         "NoClusterSetIPAvailable",
-        &format!(
+        format!(
             "No free ClusterSet IP for every family of {}; enlarge clusterSetCIDRs.",
             show(import)
         ),

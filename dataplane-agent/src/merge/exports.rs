@@ -19,15 +19,15 @@
 //! Precedence: `creationTimestamp` ascending (a missing one counts as the oldest), ties broken by
 //! cluster id ascending.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use k8s_openapi::jiff::Timestamp;
 
 use super::{Diagnostic, ExportStatus, conditions};
 use crate::model::{
-    ClusterId, EndpointSlice, IpFamily, LABEL_K8S_SERVICE_NAME, NamespacedName, Service,
-    ServiceExport, ServiceExportSpec, ServicePort,
+    ClusterId, EndpointSlice, IpFamily, LABEL_K8S_SERVICE_NAME, NamespacedName, ObjectMeta,
+    Service, ServiceExport, ServiceExportSpec, ServicePort,
 };
 
 /// Reason of `Valid=False` for a Service whose ports are malformed.
@@ -41,10 +41,22 @@ pub const REASON_INVALID_SERVICE_TYPE: &str = "InvalidServiceType";
 
 /// The objects of one cluster, keyed and deduplicated.
 pub struct ClusterObjects<'a> {
-    pub services: BTreeMap<NamespacedName, &'a Service>,
+    pub services: HashMap<Key<'a>, &'a Service>,
     pub exports: BTreeMap<NamespacedName, &'a ServiceExport>,
     /// Local slices by the Service they belong to, sorted by slice name.
-    pub slices: BTreeMap<NamespacedName, Vec<LocalSlice<'a>>>,
+    pub slices: HashMap<Key<'a>, Vec<LocalSlice<'a>>>,
+}
+
+/// (namespace, name) borrowed from an object, the namespace defaulting to `default` as in
+/// [`NamespacedName::of`]: looking objects up by it allocates nothing.
+pub type Key<'a> = (&'a str, &'a str);
+
+/// The [`Key`] of an object.
+pub fn key(meta: &ObjectMeta) -> Key<'_> {
+    (
+        meta.namespace.as_deref().unwrap_or("default"),
+        meta.name.as_deref().unwrap_or(""),
+    )
 }
 
 /// A local EndpointSlice and whether every address in it is an IP of its `addressType`
@@ -104,20 +116,20 @@ pub fn index_clusters<'a>(
             });
         }
         let objs = out.entry(&snap.cluster).or_insert_with(|| ClusterObjects {
-            services: BTreeMap::new(),
+            services: HashMap::new(),
             exports: BTreeMap::new(),
-            slices: BTreeMap::new(),
+            slices: HashMap::new(),
         });
-        let dup = |kind: &str, id: &NamespacedName| Diagnostic {
+        let dup = |kind: &str, (ns, name): Key<'_>| Diagnostic {
             cluster: Some(snap.cluster.clone()),
-            object: format!("{kind} {id}"),
+            object: format!("{kind} {ns}/{name}"),
             message: "defined more than once; one definition is used".into(),
         };
         for svc in &snap.services {
-            let id = NamespacedName::of(&svc.metadata);
+            let id = key(&svc.metadata);
             match objs.services.get_mut(&id) {
                 Some(existing) => {
-                    diagnostics.push(dup("Service", &id));
+                    diagnostics.push(dup("Service", id));
                     pick_duplicate(existing, svc);
                 }
                 None => {
@@ -129,7 +141,7 @@ pub fn index_clusters<'a>(
             let id = NamespacedName::of(&se.metadata);
             match objs.exports.get_mut(&id) {
                 Some(existing) => {
-                    diagnostics.push(dup("ServiceExport", &id));
+                    diagnostics.push(dup("ServiceExport", key(&se.metadata)));
                     pick_duplicate(existing, se);
                 }
                 None => {
@@ -138,8 +150,8 @@ pub fn index_clusters<'a>(
             }
         }
         for slice in &snap.endpoint_slices {
-            let id = NamespacedName::of(&slice.metadata);
-            let object = format!("EndpointSlice {id}");
+            let id = key(&slice.metadata);
+            let object = || format!("EndpointSlice {}/{}", id.0, id.1);
             let Some(svc) = slice
                 .metadata
                 .labels
@@ -148,7 +160,7 @@ pub fn index_clusters<'a>(
             else {
                 diagnostics.push(Diagnostic {
                     cluster: Some(snap.cluster.clone()),
-                    object,
+                    object: object(),
                     message: format!("no {LABEL_K8S_SERVICE_NAME} label; ignored"),
                 });
                 continue;
@@ -157,21 +169,18 @@ pub fn index_clusters<'a>(
             for message in problems {
                 diagnostics.push(Diagnostic {
                     cluster: Some(snap.cluster.clone()),
-                    object: object.clone(),
+                    object: object(),
                     message,
                 });
             }
-            let list = objs
-                .slices
-                .entry(NamespacedName::new(id.namespace.clone(), svc.clone()))
-                .or_default();
+            let list = objs.slices.entry((id.0, svc.as_str())).or_default();
             // Same namespace (part of the key), so the name identifies the slice.
             match list
                 .iter_mut()
                 .find(|s| s.slice.metadata.name == slice.metadata.name)
             {
                 Some(existing) => {
-                    diagnostics.push(dup("EndpointSlice", &id));
+                    diagnostics.push(dup("EndpointSlice", id));
                     let before = existing.slice;
                     pick_duplicate(&mut existing.slice, slice);
                     if !std::ptr::eq(before, existing.slice) {
@@ -274,8 +283,9 @@ pub fn collect<'a>(
     let mut statuses = Vec::new();
     for (cluster, objs) in clusters {
         for (id, se) in &objs.exports {
-            let slices: &[LocalSlice<'_>] = objs.slices.get(id).map(Vec::as_slice).unwrap_or(&[]);
-            match validate(cluster, objs.services.get(id).copied(), se, slices) {
+            let k = (id.namespace.as_str(), id.name.as_str());
+            let slices: &[LocalSlice<'_>] = objs.slices.get(&k).map(Vec::as_slice).unwrap_or(&[]);
+            match validate(cluster, objs.services.get(&k).copied(), se, slices) {
                 Ok(export) => by_service.entry(id.clone()).or_default().push(export),
                 Err((reason, message)) => statuses.push(ExportStatus {
                     cluster: (*cluster).clone(),

@@ -19,6 +19,7 @@
 //! gets `-<8 hex digits of FNV-1a>` of the service and cluster; names are capped at 253
 //! characters the same way.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::ServiceRouting;
@@ -44,7 +45,9 @@ pub struct NameAllocator {
 }
 
 impl NameAllocator {
-    fn claim(&mut self, namespace: &str, candidate: String, salt: &str) -> String {
+    /// `salt` gives the text hashed into the name when it is needed (a collision or a long
+    /// name); it is rarely called.
+    fn claim(&mut self, namespace: &str, candidate: String, salt: &dyn Fn() -> String) -> String {
         let hashed = |base: &str, salt: &str| {
             let suffix = format!("-{:08x}", fnv1a(salt.as_bytes()) as u32);
             let mut end = base.len().min(MAX_NAME - suffix.len());
@@ -54,7 +57,7 @@ impl NameAllocator {
             format!("{}{suffix}", &base[..end])
         };
         let mut name = if candidate.len() > MAX_NAME {
-            hashed(&candidate, salt)
+            hashed(&candidate, &salt())
         } else {
             candidate.clone()
         };
@@ -67,9 +70,9 @@ impl NameAllocator {
             // A second try is a name collision; more are hash collisions on top of it.
             n += 1;
             let salt = if n == 1 {
-                salt.to_owned()
+                salt()
             } else {
-                format!("{salt}#{n}")
+                format!("{}#{n}", salt())
             };
             name = hashed(&candidate, &salt);
         }
@@ -84,7 +87,8 @@ impl NameAllocator {
 /// purpose: the owned `Endpoint` (hundreds of bytes) is built once, in its final place.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Imported<'a> {
-    addresses: Vec<&'a str>,
+    /// Borrowed as a whole from clean slices, the common case: no allocation per endpoint.
+    addresses: Cow<'a, [String]>,
     hostname: Option<&'a str>,
     zone: Option<&'a str>,
     conditions: Option<(Option<bool>, Option<bool>, Option<bool>)>,
@@ -94,12 +98,17 @@ impl<'a> Imported<'a> {
     /// `None` when no address of `family` is left. `clean` slices were checked when indexed
     /// and need no parsing here.
     fn of(ep: &'a Endpoint, family: IpFamily, clean: bool) -> Option<Self> {
-        let addresses: Vec<&str> = ep
-            .addresses
-            .iter()
-            .map(String::as_str)
-            .filter(|a| clean || usable_address(a, family))
-            .collect();
+        let addresses: Cow<'a, [String]> = if clean {
+            Cow::Borrowed(&ep.addresses)
+        } else {
+            Cow::Owned(
+                ep.addresses
+                    .iter()
+                    .filter(|a| usable_address(a, family))
+                    .cloned()
+                    .collect(),
+            )
+        };
         if addresses.is_empty() {
             return None;
         }
@@ -117,7 +126,7 @@ impl<'a> Imported<'a> {
 
     fn to_endpoint(&self) -> Endpoint {
         Endpoint {
-            addresses: self.addresses.iter().map(|a| (*a).to_owned()).collect(),
+            addresses: self.addresses.to_vec(),
             conditions: self
                 .conditions
                 .map(|(ready, serving, terminating)| EndpointConditions {
@@ -133,7 +142,7 @@ impl<'a> Imported<'a> {
 }
 
 /// A port of an imported slice: (name, protocol, number, appProtocol), in merged-port order.
-type SlicePort = (String, String, i32, Option<String>);
+type SlicePort<'a> = (&'a str, &'a str, i32, Option<&'a str>);
 
 /// Builds the imported slices of one service.
 pub fn build(
@@ -156,13 +165,13 @@ pub fn build(
                 continue;
             }
             // Endpoints grouped by the ports their slice gives them.
-            let mut groups: BTreeMap<Vec<SlicePort>, Vec<Imported<'_>>> = BTreeMap::new();
+            let mut groups: BTreeMap<Vec<SlicePort<'_>>, Vec<Imported<'_>>> = BTreeMap::new();
             for local in e
                 .local_slices
                 .iter()
                 .filter(|s| s.slice.address_type == family.address_type())
             {
-                let ports: Vec<SlicePort> = declared
+                let ports: Vec<SlicePort<'_>> = declared
                     .iter()
                     .filter_map(|m| {
                         let name = m.port.name_or_empty();
@@ -171,14 +180,7 @@ pub fn build(
                             let number = lp.port.filter(|n| (1..=65535).contains(n))?;
                             (lp.name.as_deref().unwrap_or("") == name
                                 && lp.protocol.as_deref().unwrap_or("TCP") == proto)
-                                .then(|| {
-                                    (
-                                        name.to_owned(),
-                                        proto.to_owned(),
-                                        number,
-                                        lp.app_protocol.clone(),
-                                    )
-                                })
+                                .then_some((name, proto, number, lp.app_protocol.as_deref()))
                         })
                     })
                     .collect();
@@ -200,7 +202,7 @@ pub fn build(
                 e.cluster,
                 family.address_type().to_ascii_lowercase()
             );
-            let salt = format!("{service}/{}", e.cluster);
+            let salt = || format!("{service}/{}", e.cluster);
             let mut index = 0usize;
             for (ports, mut endpoints) in groups {
                 endpoints.sort();
@@ -227,7 +229,7 @@ fn slice(
     e: &Export<'_>,
     family: IpFamily,
     name: String,
-    ports: &[SlicePort],
+    ports: &[SlicePort<'_>],
     endpoints: Vec<Endpoint>,
 ) -> EndpointSlice {
     let labels = BTreeMap::from([
@@ -248,10 +250,10 @@ fn slice(
             ports
                 .iter()
                 .map(|(name, protocol, port, app)| EndpointPort {
-                    name: (!name.is_empty()).then(|| name.clone()),
-                    protocol: Some(protocol.clone()),
+                    name: (!name.is_empty()).then(|| (*name).to_owned()),
+                    protocol: Some((*protocol).to_owned()),
                     port: Some(*port),
-                    app_protocol: app.clone(),
+                    app_protocol: app.map(str::to_owned),
                 })
                 .collect()
         }),
@@ -265,16 +267,19 @@ mod tests {
     #[test]
     fn names_are_unique_and_bounded() {
         let mut n = NameAllocator::default();
-        let a = n.claim("ns", "web-a-b-ipv4".into(), "ns/web/a-b");
-        let b = n.claim("ns", "web-a-b-ipv4".into(), "ns/web-a/b");
+        let a = n.claim("ns", "web-a-b-ipv4".into(), &|| "ns/web/a-b".into());
+        let b = n.claim("ns", "web-a-b-ipv4".into(), &|| "ns/web-a/b".into());
         assert_eq!(a, "web-a-b-ipv4");
         assert_ne!(a, b);
         assert!(b.starts_with("web-a-b-ipv4-"));
         // another namespace may reuse the name
-        assert_eq!(n.claim("other", "web-a-b-ipv4".into(), "x"), "web-a-b-ipv4");
-        let long = n.claim("ns", "x".repeat(400), "salt");
+        assert_eq!(
+            n.claim("other", "web-a-b-ipv4".into(), &|| "x".into()),
+            "web-a-b-ipv4"
+        );
+        let long = n.claim("ns", "x".repeat(400), &|| "salt".into());
         assert!(long.len() <= MAX_NAME);
-        let again = n.claim("ns", "x".repeat(400), "salt");
+        let again = n.claim("ns", "x".repeat(400), &|| "salt".into());
         assert!(again.len() <= MAX_NAME && again != long);
     }
 }
