@@ -4,8 +4,10 @@
 //! text split on `\n===\n` into files, file i going to cluster i mod n. A first file that
 //! starts with `#clusterset` is parsed as `clusterset.yaml` instead.
 //!
-//! `AYA_BUILD_SKIP=1 cargo +nightly fuzz run merge fuzz/seeds/merge -- -max_total_time=60`
-//! (from the repository root; the seeds are scenario directories flattened into one input).
+//! From the repository root (libFuzzer writes new inputs into the first directory, the ignored
+//! `fuzz/corpus/merge`; the seeds are scenario directories flattened into one input each):
+//!
+//! `AYA_BUILD_SKIP=1 cargo +nightly fuzz run merge fuzz/corpus/merge fuzz/seeds/merge -- -max_total_time=60`
 
 #![no_main]
 
