@@ -5,7 +5,9 @@
 pub mod bpf;
 pub mod cli;
 pub mod lb;
+pub mod merge;
 pub mod model;
 pub mod roles;
+pub mod plan;
 pub mod source;
 pub mod telemetry;

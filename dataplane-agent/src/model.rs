@@ -137,7 +137,13 @@ impl ServicePort {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionAffinityConfig {
-    #[serde(default, rename = "clientIP", skip_serializing_if = "Option::is_none")]
+    /// `clientIP` in the API (camelCase would give `clientIp`).
+    #[serde(
+        default,
+        rename = "clientIP",
+        alias = "clientIp",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub client_ip: Option<ClientIpConfig>,
 }
 

@@ -1,0 +1,304 @@
+//! Conditions on ServiceExports and ServiceImports, with the MCS API's reason strings.
+//!
+//! - valid export: `Valid=True/Valid`, `Ready=True/Ready`, and `Conflict=True/<reasons>` or
+//!   `Conflict=False/NoConflicts`;
+//! - invalid export: `Valid=False/<reason>` (see [`super::exports`]), `Ready=False/Pending`, no
+//!   `Conflict`;
+//! - import: `Ready=True/Ready`, `Ready=False/IPFamilyNotSupported` when the importing cluster
+//!   supports none of its families, or `Ready=False/NoClusterSetIPAvailable` when the ClusterSet
+//!   CIDR of a family is full.
+//!
+//! `Conflict` is the same on every valid export of a service. Its reason joins every reason
+//! present with commas and no spaces, in the fixed order of [`ConflictReason`], which matches
+//! the CRD's pattern `^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$`. Its message is one sentence
+//! group per contested field, in the same order, each naming the winning value, the cluster of
+//! the oldest export and how many clusters disagree.
+
+use std::borrow::Cow;
+
+use serde::Serialize;
+
+use super::exports::Export;
+use super::families::Families;
+use super::ports::{self, MergedPorts};
+use super::properties::Properties;
+use crate::model::{Condition, IpFamily};
+
+/// A condition's `type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum ConditionType {
+    Valid,
+    Ready,
+    Conflict,
+}
+
+/// A condition's `status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum ConditionStatus {
+    True,
+    False,
+}
+
+/// A condition without a timestamp: the merge has no clock. [`MergeCondition::to_k8s`] adds one.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct MergeCondition {
+    #[serde(rename = "type")]
+    pub type_: ConditionType,
+    pub status: ConditionStatus,
+    /// Static for the fixed conditions, so 50,000 exports do not each allocate them.
+    pub reason: Cow<'static, str>,
+    pub message: Cow<'static, str>,
+}
+
+/// The Kubernetes limit on a condition message.
+pub const MAX_MESSAGE: usize = 32768;
+
+impl MergeCondition {
+    fn new(
+        type_: ConditionType,
+        status: ConditionStatus,
+        reason: impl Into<Cow<'static, str>>,
+        message: impl Into<Cow<'static, str>>,
+    ) -> Self {
+        let mut message = message.into();
+        if message.len() > MAX_MESSAGE {
+            let message = message.to_mut();
+            let mut end = MAX_MESSAGE - 3;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push_str("...");
+        }
+        Self {
+            type_,
+            status,
+            reason: reason.into(),
+            message,
+        }
+    }
+
+    /// As a `metav1.Condition` with the given `lastTransitionTime`.
+    ///
+    /// ```
+    /// # use dataplane_agent::merge::conditions::{import_ready, epoch};
+    /// let c = import_ready().to_k8s(epoch());
+    /// assert_eq!((c.type_.as_str(), c.status.as_str()), ("Ready", "True"));
+    /// ```
+    pub fn to_k8s(
+        &self,
+        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+    ) -> Condition {
+        let status = match self.status {
+            ConditionStatus::True => "True",
+            ConditionStatus::False => "False",
+        };
+        let type_ = match self.type_ {
+            ConditionType::Valid => "Valid",
+            ConditionType::Ready => "Ready",
+            ConditionType::Conflict => "Conflict",
+        };
+        Condition {
+            last_transition_time,
+            message: self.message.to_string(),
+            observed_generation: None,
+            reason: self.reason.to_string(),
+            status: status.into(),
+            type_: type_.into(),
+        }
+    }
+}
+
+/// The placeholder `lastTransitionTime` (the Unix epoch) the pure merge writes into
+/// `ServiceImport.status.conditions`; writers replace it with the real transition time.
+pub fn epoch() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+}
+
+/// The `Conflict` reasons, in the order they are joined.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ConflictReason {
+    Port,
+    IpFamily,
+    Type,
+    SessionAffinity,
+    SessionAffinityConfig,
+    InternalTrafficPolicy,
+    TrafficDistribution,
+    Labels,
+    Annotations,
+}
+
+impl ConflictReason {
+    /// The MCS API reason string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConflictReason::Port => "PortConflict",
+            ConflictReason::IpFamily => "IPFamilyConflict",
+            ConflictReason::Type => "TypeConflict",
+            ConflictReason::SessionAffinity => "SessionAffinityConflict",
+            ConflictReason::SessionAffinityConfig => "SessionAffinityConfigConflict",
+            ConflictReason::InternalTrafficPolicy => "InternalTrafficPolicyConflict",
+            ConflictReason::TrafficDistribution => "TrafficDistributionConflict",
+            ConflictReason::Labels => "LabelsConflict",
+            ConflictReason::Annotations => "AnnotationsConflict",
+        }
+    }
+}
+
+/// The combined `Conflict` (reason, message) of a service, `None` when nothing conflicts.
+pub fn conflict(
+    exports: &[Export<'_>],
+    families: &Families,
+    ports: &MergedPorts,
+    props: &Properties,
+) -> Option<(String, String)> {
+    let mut parts: Vec<(ConflictReason, String)> = Vec::new();
+    let merged = ports.key_set();
+    let disagree: Vec<&Export<'_>> = exports
+        .iter()
+        .filter(|e| {
+            e.ports.len() != merged.len()
+                || e.ports
+                    .iter()
+                    .map(ports::key_ref)
+                    .collect::<std::collections::BTreeSet<_>>()
+                    != merged
+        })
+        .collect();
+    if !disagree.is_empty() {
+        let oldest = exports
+            .first()
+            .map(|e| e.cluster.to_string())
+            .unwrap_or_default();
+        let mut msg = format!(
+            "Conflicting ports. Using the union of the ports, the oldest definition of each \
+             winning (oldest service export in \"{oldest}\")."
+        );
+        const SHOWN: usize = 10;
+        for d in ports.dropped.iter().take(SHOWN) {
+            msg.push_str(&format!(
+                " Dropped {} from \"{}\": {} from \"{}\" is used.",
+                ports::show(&d.port),
+                d.cluster,
+                ports::show(&d.winner),
+                d.winner_cluster
+            ));
+        }
+        if ports.dropped.len() > SHOWN {
+            msg.push_str(&format!(
+                " {} more ports dropped.",
+                ports.dropped.len() - SHOWN
+            ));
+        }
+        let named: Vec<String> = disagree
+            .iter()
+            .take(SHOWN)
+            .map(|e| format!("\"{}\"", e.cluster))
+            .collect();
+        msg.push_str(&format!(
+            " Ports differing from the merged ports in: {}{}.",
+            named.join(", "),
+            if disagree.len() > SHOWN { ", ..." } else { "" }
+        ));
+        msg.push_str(&format!(
+            " {}/{} clusters disagree.",
+            disagree.len(),
+            exports.len()
+        ));
+        parts.push((ConflictReason::Port, msg));
+    }
+    if let Some(msg) = &families.conflict {
+        parts.push((ConflictReason::IpFamily, msg.clone()));
+    }
+    parts.extend(props.conflicts.iter().cloned());
+    if parts.is_empty() {
+        return None;
+    }
+    parts.sort_by_key(|(r, _)| *r);
+    let reason: Vec<&str> = parts.iter().map(|(r, _)| r.as_str()).collect();
+    let message: Vec<&str> = parts.iter().map(|(_, m)| m.as_str()).collect();
+    Some((reason.join(","), message.join(" ")))
+}
+
+/// The conditions of a valid export, given its service's conflict.
+pub fn valid_export(conflict: Option<(String, String)>) -> Vec<MergeCondition> {
+    use ConditionStatus::*;
+    use ConditionType::*;
+    let conflict = match conflict {
+        Some((reason, message)) => MergeCondition::new(Conflict, True, reason, message),
+        None => MergeCondition::new(
+            Conflict,
+            False,
+            "NoConflicts",
+            "ServiceExport has no conflicts.",
+        ),
+    };
+    vec![
+        MergeCondition::new(
+            Valid,
+            True,
+            "Valid",
+            "The ServiceExport and its Service are exportable.",
+        ),
+        MergeCondition::new(
+            Ready,
+            True,
+            "Ready",
+            "The service is exported to the ClusterSet.",
+        ),
+        conflict,
+    ]
+}
+
+/// The conditions of an invalid export: no `Conflict`, since it takes no part in the merge.
+pub fn invalid_export(reason: &str, message: &str) -> Vec<MergeCondition> {
+    use ConditionStatus::*;
+    use ConditionType::*;
+    vec![
+        MergeCondition::new(Valid, False, reason.to_owned(), message.to_owned()),
+        MergeCondition::new(Ready, False, "Pending", "The ServiceExport is not valid."),
+    ]
+}
+
+/// `Ready=True/Ready` of an import.
+pub fn import_ready() -> MergeCondition {
+    MergeCondition::new(
+        ConditionType::Ready,
+        ConditionStatus::True,
+        "Ready",
+        "The ServiceImport is ready.",
+    )
+}
+
+fn show(families: &[IpFamily]) -> String {
+    let names: Vec<&str> = families.iter().map(|f| f.address_type()).collect();
+    format!("[{}]", names.join(", "))
+}
+
+/// `Ready=False/IPFamilyNotSupported` of an import.
+pub fn import_family_not_supported(import: &[IpFamily], local: &[IpFamily]) -> MergeCondition {
+    MergeCondition::new(
+        ConditionType::Ready,
+        ConditionStatus::False,
+        "IPFamilyNotSupported",
+        format!(
+            "The importing cluster supports {} and none of the ServiceImport's IP families {}.",
+            show(local),
+            show(import)
+        ),
+    )
+}
+
+/// `Ready=False/NoClusterSetIPAvailable`: a ClusterSet CIDR has no free address.
+pub fn import_no_ip(import: &[IpFamily]) -> MergeCondition {
+    MergeCondition::new(
+        ConditionType::Ready,
+        ConditionStatus::False,
+        "NoClusterSetIPAvailable",
+        format!(
+            "No free ClusterSet IP for every family of {}; enlarge clusterSetCIDRs.",
+            show(import)
+        ),
+    )
+}

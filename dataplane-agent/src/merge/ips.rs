@@ -1,0 +1,339 @@
+//! ClusterSet IP allocation.
+//!
+//! One IP per family of each ClusterSetIP import (headless imports get none), from the
+//! family's CIDR in [`ClusterSetCidrs`]. The network address and the last address of the CIDR
+//! (broadcast in IPv4; the same rule in IPv6, for symmetry) are never handed out.
+//!
+//! 1. Stickiness: an IP that the importing cluster's existing import of the same service holds
+//!    is kept while it stays valid: inside the CIDR, usable, of a family the import still has,
+//!    and not already kept by a service earlier in namespace/name order.
+//! 2. The rest are allocated in namespace/name order: FNV-1a 64 of `namespace/name` picks a
+//!    start offset, then linear probing finds the first free address. Neither step depends on
+//!    the order of the inputs, and feeding the result back as the existing imports changes
+//!    nothing.
+//!
+//! When a CIDR has fewer usable addresses than imports need, the imports are served in
+//! namespace/name order until it is full; the others get no IPs at all (so `ips` always aligns
+//! with `ipFamilies`), whatever the existing imports hold, and the caller marks them
+//! `Ready=False`.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use super::ClusterSetCidrs;
+use crate::model::{IpFamily, NamespacedName, ServiceImport};
+
+/// A service that needs one IP per family, in this order.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    pub service: &'a NamespacedName,
+    pub families: &'a [IpFamily],
+}
+
+/// FNV-1a, 64 bits: stable across Rust versions and platforms, unlike `DefaultHasher`.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The usable addresses of one CIDR: offsets `1..=usable` from the network address.
+struct Pool {
+    family: IpFamily,
+    base: u128,
+    /// Number of usable offsets (0 when the CIDR is too small); capped at 2^64.
+    usable: u128,
+    taken: HashSet<u128>,
+}
+
+impl Pool {
+    fn new(family: IpFamily, base: u128, host_bits: u32) -> Self {
+        let usable = if host_bits >= 65 {
+            1u128 << 64
+        } else {
+            (1u128 << host_bits).saturating_sub(2)
+        };
+        Self {
+            family,
+            base,
+            usable,
+            taken: HashSet::new(),
+        }
+    }
+
+    fn offset_of(&self, ip: &IpAddr) -> Option<u128> {
+        let raw = match (ip, self.family) {
+            (IpAddr::V4(v4), IpFamily::IPv4) => u128::from(u32::from(*v4)),
+            (IpAddr::V6(v6), IpFamily::IPv6) => u128::from(*v6),
+            _ => return None,
+        };
+        let off = raw.checked_sub(self.base)?;
+        (1..=self.usable).contains(&off).then_some(off)
+    }
+
+    fn addr(&self, offset: u128) -> IpAddr {
+        let raw = self.base + offset;
+        match self.family {
+            IpFamily::IPv4 => IpAddr::V4(Ipv4Addr::from(u32::try_from(raw).unwrap_or(0))),
+            IpFamily::IPv6 => IpAddr::V6(Ipv6Addr::from(raw)),
+        }
+    }
+
+    fn claim(&mut self, ip: &IpAddr) -> bool {
+        match self.offset_of(ip) {
+            Some(off) => self.taken.insert(off),
+            None => false,
+        }
+    }
+
+    fn allocate(&mut self, service: &NamespacedName) -> Option<IpAddr> {
+        if self.usable == 0 {
+            return None;
+        }
+        let start = u128::from(fnv1a(service.to_string().as_bytes())) % self.usable;
+        // Bounded by the pool size; a full pool ends the loop without a result.
+        let mut i: u128 = 0;
+        while i < self.usable {
+            let off = 1 + (start + i) % self.usable;
+            if self.taken.insert(off) {
+                return Some(self.addr(off));
+            }
+            i += 1;
+        }
+        None
+    }
+}
+
+/// Allocates the IPs of `requests`. Returns, per service whose every family got an IP, the IPs
+/// aligned with its families.
+pub fn allocate(
+    requests: &[Request<'_>],
+    existing: &[ServiceImport],
+    cidrs: &ClusterSetCidrs,
+) -> BTreeMap<NamespacedName, Vec<String>> {
+    let mut v4 = Pool::new(
+        IpFamily::IPv4,
+        u128::from(u32::from(cidrs.ipv4.network())),
+        u32::from(32 - cidrs.ipv4.prefix_len()),
+    );
+    let mut v6 = Pool::new(
+        IpFamily::IPv6,
+        u128::from(cidrs.ipv6.network()),
+        u32::from(128 - cidrs.ipv6.prefix_len()),
+    );
+    let mut sorted: Vec<Request<'_>> = requests.to_vec();
+    sorted.sort_by(|a, b| a.service.cmp(b.service));
+    // Which services get IPs at all depends only on the requests, never on the existing
+    // imports: when a CIDR is too small, the first services in namespace/name order take it.
+    // Stickiness then only decides which address each one gets, so feeding the result back
+    // cannot change who has an IP.
+    let (mut left4, mut left6) = (v4.usable, v6.usable);
+    sorted.retain(|r| {
+        let need4 = u128::from(r.families.contains(&IpFamily::IPv4));
+        let need6 = u128::from(r.families.contains(&IpFamily::IPv6));
+        if left4 >= need4 && left6 >= need6 {
+            left4 -= need4;
+            left6 -= need6;
+            true
+        } else {
+            false
+        }
+    });
+
+    // Existing imports, one per service, independent of their order.
+    let mut old: Vec<(NamespacedName, &Vec<String>)> = existing
+        .iter()
+        .map(|si| (NamespacedName::of(&si.metadata), &si.spec.ips))
+        .collect();
+    old.sort();
+    old.dedup_by(|a, b| a.0 == b.0);
+    let old: BTreeMap<NamespacedName, &Vec<String>> = old.into_iter().collect();
+
+    let mut chosen: BTreeMap<&NamespacedName, Vec<Option<IpAddr>>> = BTreeMap::new();
+    for r in &sorted {
+        let mut slots = vec![None; r.families.len()];
+        if let Some(ips) = old.get(r.service) {
+            for raw in ips.iter() {
+                let Ok(ip) = raw.parse::<IpAddr>() else {
+                    continue;
+                };
+                let Some(i) = r.families.iter().position(|f| *f == IpFamily::of(&ip)) else {
+                    continue;
+                };
+                let pool = match IpFamily::of(&ip) {
+                    IpFamily::IPv4 => &mut v4,
+                    IpFamily::IPv6 => &mut v6,
+                };
+                if slots[i].is_none() && pool.claim(&ip) {
+                    slots[i] = Some(ip);
+                }
+            }
+        }
+        chosen.insert(r.service, slots);
+    }
+    let mut out = BTreeMap::new();
+    for r in &sorted {
+        let Some(slots) = chosen.get_mut(r.service) else {
+            continue;
+        };
+        for (i, f) in r.families.iter().enumerate() {
+            if slots[i].is_none() {
+                let pool = match f {
+                    IpFamily::IPv4 => &mut v4,
+                    IpFamily::IPv6 => &mut v6,
+                };
+                slots[i] = pool.allocate(r.service);
+            }
+        }
+        if slots.iter().all(Option::is_some) {
+            out.insert(
+                r.service.clone(),
+                slots.iter().flatten().map(IpAddr::to_string).collect(),
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ObjectMeta;
+
+    fn nn(n: &str) -> NamespacedName {
+        NamespacedName::new("demo", n)
+    }
+
+    fn import(name: &str, ips: &[&str]) -> ServiceImport {
+        let mut si = ServiceImport {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("demo".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        si.spec.ips = ips.iter().map(|s| s.to_string()).collect();
+        si
+    }
+
+    #[test]
+    fn allocates_in_range_aligned_and_skips_network_and_broadcast() {
+        let cidrs = ClusterSetCidrs {
+            ipv4: "10.9.0.0/30".parse().expect("cidr"),
+            ipv6: "fd00::/126".parse().expect("cidr"),
+        };
+        let names = [nn("a"), nn("b"), nn("c")];
+        let both = [IpFamily::IPv6, IpFamily::IPv4];
+        let reqs: Vec<Request<'_>> = names
+            .iter()
+            .map(|s| Request {
+                service: s,
+                families: &both,
+            })
+            .collect();
+        let got = allocate(&reqs, &[], &cidrs);
+        // /30 has two usable addresses: a and b get them, c gets nothing.
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(!got.contains_key(&nn("c")));
+        let mut v4: Vec<&str> = got.values().map(|ips| ips[1].as_str()).collect();
+        v4.sort();
+        assert_eq!(v4, vec!["10.9.0.1", "10.9.0.2"]);
+        for ips in got.values() {
+            assert!(ips[0].starts_with("fd00::"), "{ips:?}");
+            assert!(!["fd00::", "fd00::3"].contains(&ips[0].as_str()));
+        }
+    }
+
+    #[test]
+    fn keeps_valid_existing_ips_and_replaces_invalid_ones() {
+        let cidrs = ClusterSetCidrs::default();
+        let (a, b, c) = (nn("a"), nn("b"), nn("c"));
+        let v4 = [IpFamily::IPv4];
+        let reqs = [
+            Request {
+                service: &a,
+                families: &v4,
+            },
+            Request {
+                service: &b,
+                families: &v4,
+            },
+            Request {
+                service: &c,
+                families: &v4,
+            },
+        ];
+        let existing = [
+            import("a", &["241.0.3.4"]),
+            // the same IP claimed by b: a is earlier in order and keeps it
+            import("b", &["241.0.3.4"]),
+            // out of range
+            import("c", &["10.0.0.1"]),
+        ];
+        let got = allocate(&reqs, &existing, &cidrs);
+        assert_eq!(got[&a], vec!["241.0.3.4"]);
+        assert_ne!(got[&b], vec!["241.0.3.4"]);
+        assert!(got[&c][0].starts_with("241.0."));
+        // Stable when fed back, in any order.
+        let back: Vec<ServiceImport> = got
+            .iter()
+            .rev()
+            .map(|(s, ips)| import(&s.name, &ips.iter().map(String::as_str).collect::<Vec<_>>()))
+            .collect();
+        assert_eq!(allocate(&reqs, &back, &cidrs), got);
+    }
+
+    #[test]
+    fn a_full_cidr_serves_the_first_services_whatever_they_held() {
+        let cidrs = ClusterSetCidrs {
+            ipv4: "10.9.0.0/30".parse().expect("cidr"),
+            ..Default::default()
+        };
+        let (a, b, c) = (nn("a"), nn("b"), nn("c"));
+        let v4 = [IpFamily::IPv4];
+        let reqs = [
+            Request {
+                service: &c,
+                families: &v4,
+            },
+            Request {
+                service: &a,
+                families: &v4,
+            },
+            Request {
+                service: &b,
+                families: &v4,
+            },
+        ];
+        // c held an address, but only two services fit: a and b.
+        let got = allocate(&reqs, &[import("c", &["10.9.0.1"])], &cidrs);
+        assert_eq!(got.keys().collect::<Vec<_>>(), vec![&a, &b]);
+        let back: Vec<ServiceImport> = got
+            .iter()
+            .map(|(s, ips)| import(&s.name, &ips.iter().map(String::as_str).collect::<Vec<_>>()))
+            .collect();
+        assert_eq!(allocate(&reqs, &back, &cidrs), got);
+    }
+
+    #[test]
+    fn network_and_broadcast_are_never_kept() {
+        let cidrs = ClusterSetCidrs::default();
+        let a = nn("a");
+        let v4 = [IpFamily::IPv4];
+        for bad in ["241.0.0.0", "241.0.255.255"] {
+            let got = allocate(
+                &[Request {
+                    service: &a,
+                    families: &v4,
+                }],
+                &[import("a", &[bad])],
+                &cidrs,
+            );
+            assert_ne!(got[&a][0], bad);
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! The MCS merge (KEP-1645): a pure, deterministic function from every member cluster's
+//! Services, ServiceExports and EndpointSlices to what one importing cluster gets.
+//!
+//! The steps, each in its own file:
+//! - [`exports`]: name mapping and validation of each ServiceExport against its Service
+//!   (`Valid`/`Ready`), precedence (oldest `creationTimestamp`, ties by cluster id);
+//! - [`families`]: the import's IP families (policy [`IpFamilyPolicy`]);
+//! - [`ports`]: the union of ports, oldest definition wins, and which clusters declare each
+//!   merged port identically (the routing rule of ARCHITECTURE.md §4);
+//! - [`properties`]: type, session affinity, traffic policies, exported labels/annotations;
+//! - [`conditions`]: the `Conflict` condition with the combined reasons and message;
+//! - [`ips`]: ClusterSet IP allocation from configurable CIDRs, sticky across merges;
+//! - [`slices`]: the imported EndpointSlices the node role routes from.
+//!
+//! The result does not depend on the order of the clusters, of the objects or of the existing
+//! imports: everything is keyed and sorted before it is used.
+//!
+//! ```
+//! use dataplane_agent::merge::{self, ClusterSetConfig, ClusterSnapshot};
+//! use dataplane_agent::model::ClusterId;
+//!
+//! let c1 = ClusterId::new("c1").unwrap();
+//! let snapshots = vec![ClusterSnapshot::empty(c1.clone())];
+//! let plan = merge::merge(&snapshots, &ClusterSetConfig::default(), &c1, &[]);
+//! assert!(plan.service_imports.is_empty());
+//! ```
+
+pub mod conditions;
+pub mod exports;
+pub mod families;
+pub mod ips;
+pub mod ports;
+pub mod properties;
+pub mod slices;
+
+use std::collections::BTreeMap;
+
+use ipnet::{Ipv4Net, Ipv6Net};
+use serde::{Deserialize, Serialize};
+
+use crate::model::{
+    ClusterId, ClusterStatus, EndpointSlice, IpFamily, NamespacedName, ObjectMeta, Service,
+    ServiceExport, ServiceImport, ServiceImportSpec, ServiceImportStatus, ServiceImportType,
+    ServicePort,
+};
+
+pub use conditions::{ConditionStatus, ConditionType, MergeCondition};
+
+/// Everything one member cluster contributes: its Services, ServiceExports and local
+/// EndpointSlices (those with the label `kubernetes.io/service-name`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterSnapshot {
+    pub cluster: ClusterId,
+    pub services: Vec<Service>,
+    pub service_exports: Vec<ServiceExport>,
+    pub endpoint_slices: Vec<EndpointSlice>,
+}
+
+impl ClusterSnapshot {
+    /// A snapshot of `cluster` with no objects.
+    pub fn empty(cluster: ClusterId) -> Self {
+        Self {
+            cluster,
+            services: Vec::new(),
+            service_exports: Vec::new(),
+            endpoint_slices: Vec::new(),
+        }
+    }
+}
+
+/// How the families of the exports combine into the import's `ipFamilies`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IpFamilyPolicy {
+    /// Only families every export supports, in the oldest export's order. An export with no
+    /// family in common with the older ones is left out and raises `IPFamilyConflict`.
+    ///
+    /// A partial overlap (`[IPv4, IPv6]` and `[IPv4]` give `[IPv4]`) is **not** a conflict: the
+    /// KEP asks for `IPFamilyConflict` when "traffic [may reach] only a subset of the backends
+    /// depending on the IP protocol used", and over the intersection every backend of every
+    /// contributing export is reachable whatever family the client uses. This is also
+    /// Cilium's behaviour (`TestIntersectIPFamilies`).
+    #[default]
+    Intersection,
+    /// Every family any export supports, ordered by the oldest export first. Raises
+    /// `IPFamilyConflict` when the exports' family sets differ, since then a client of one
+    /// family reaches only the exports of that family.
+    Union,
+}
+
+/// Default ClusterSet IPv4 range: `241.0.0.0/16`, inside 240.0.0.0/4 ("reserved for future
+/// use", RFC 1112), which no network routes, so a VIP that is not rewritten can never leave the
+/// machine. 65,534 usable addresses.
+pub const DEFAULT_IPV4_CIDR: &str = "241.0.0.0/16";
+/// Default ClusterSet IPv6 range: `fd00:241::/112`, a unique-local (RFC 4193) range, not
+/// routed on the internet. 65,534 usable addresses.
+pub const DEFAULT_IPV6_CIDR: &str = "fd00:241::/112";
+
+/// The CIDRs ClusterSet IPs are allocated from, one per family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSetCidrs {
+    pub ipv4: Ipv4Net,
+    pub ipv6: Ipv6Net,
+}
+
+impl Default for ClusterSetCidrs {
+    fn default() -> Self {
+        Self {
+            ipv4: Ipv4Net::new(std::net::Ipv4Addr::new(241, 0, 0, 0), 16)
+                .unwrap_or_else(|_| Ipv4Net::default()),
+            ipv6: Ipv6Net::new(
+                std::net::Ipv6Addr::new(0xfd00, 0x241, 0, 0, 0, 0, 0, 0),
+                112,
+            )
+            .unwrap_or_else(|_| Ipv6Net::default()),
+        }
+    }
+}
+
+/// ClusterSet-wide settings.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterSetConfig {
+    pub cidrs: ClusterSetCidrs,
+    pub ip_family_policy: IpFamilyPolicy,
+    /// Families each cluster supports. A cluster that is not listed supports both.
+    pub clusters: BTreeMap<ClusterId, Vec<IpFamily>>,
+}
+
+impl ClusterSetConfig {
+    /// The families `cluster` supports, in its preferred order (IPv4 then IPv6 by default).
+    pub fn supported_families(&self, cluster: &ClusterId) -> Vec<IpFamily> {
+        match self.clusters.get(cluster) {
+            Some(families) if !families.is_empty() => families.clone(),
+            _ => vec![IpFamily::IPv4, IpFamily::IPv6],
+        }
+    }
+}
+
+/// The conditions the merge sets on one ServiceExport.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct ExportStatus {
+    pub cluster: ClusterId,
+    pub service: NamespacedName,
+    /// `Valid`, `Ready` and, for valid exports, `Conflict`.
+    pub conditions: Vec<MergeCondition>,
+}
+
+/// A merged port and the clusters whose Service declares it identically (same name, protocol
+/// and port; `appProtocol` is not compared, see [`ports`]). Only those clusters' endpoints
+/// serve it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MergedPort {
+    pub port: ServicePort,
+    pub clusters: Vec<ClusterId>,
+}
+
+/// Routing facts of one import: which clusters serve which port and family.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ServiceRouting {
+    pub service: NamespacedName,
+    /// Aligned with the import's `spec.ports`.
+    pub ports: Vec<MergedPort>,
+    /// For each family of the import, the contributing clusters whose Service supports it.
+    pub families: BTreeMap<IpFamily, Vec<ClusterId>>,
+}
+
+/// Something in the input that was skipped or repaired, naming the object.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct Diagnostic {
+    pub cluster: Option<ClusterId>,
+    /// `Kind namespace/name`, e.g. `EndpointSlice demo/web-abc`.
+    pub object: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(c) = &self.cluster {
+            write!(f, "cluster {c}: ")?;
+        }
+        write!(f, "{}: {}", self.object, self.message)
+    }
+}
+
+/// The result of a merge, as one importing cluster sees it. Every list is sorted.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MergePlan {
+    pub importing_cluster: Option<ClusterId>,
+    /// The ServiceImports of the importing cluster, sorted by namespace/name.
+    pub service_imports: Vec<ServiceImport>,
+    /// The conditions of every ServiceExport of every cluster, sorted by cluster then service.
+    pub export_statuses: Vec<ExportStatus>,
+    /// The imported EndpointSlices for the importing cluster, sorted by namespace/name.
+    pub endpoint_slices: Vec<EndpointSlice>,
+    /// Per import, which clusters serve which port and family (sorted by service).
+    pub routing: Vec<ServiceRouting>,
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+/// Merges the snapshots for `importing`. `existing` are the importing cluster's current
+/// ServiceImports; their ClusterSet IPs are kept while they stay valid.
+///
+/// Snapshots with the same cluster id are combined into one cluster (and reported in
+/// [`MergePlan::diagnostics`]); so are duplicate objects within a cluster.
+pub fn merge(
+    snapshots: &[ClusterSnapshot],
+    config: &ClusterSetConfig,
+    importing: &ClusterId,
+    existing: &[ServiceImport],
+) -> MergePlan {
+    let mut diagnostics = Vec::new();
+    let clusters = exports::index_clusters(snapshots, &mut diagnostics);
+    let (by_service, mut export_statuses) = exports::collect(&clusters);
+    let local_families = config.supported_families(importing);
+
+    let mut drafts = Vec::new();
+    for (service, exports) in &by_service {
+        let fams = families::merge(exports, config.ip_family_policy, &local_families);
+        let contributing: Vec<&exports::Export<'_>> = exports
+            .iter()
+            .filter(|e| !fams.excluded.contains(e.cluster))
+            .collect();
+        let ports = ports::merge(&contributing);
+        let props = properties::merge(exports);
+        let conflict = conditions::conflict(exports, &fams, &ports, &props);
+        for e in exports {
+            export_statuses.push(ExportStatus {
+                cluster: e.cluster.clone(),
+                service: service.clone(),
+                conditions: conditions::valid_export(conflict.clone()),
+            });
+        }
+        drafts.push(Draft {
+            service: service.clone(),
+            contributing,
+            families: fams,
+            ports,
+            props,
+        });
+    }
+
+    let requests: Vec<ips::Request<'_>> = drafts
+        .iter()
+        .filter(|d| d.props.winner.type_ == ServiceImportType::ClusterSetIP && d.families.supported)
+        .map(|d| ips::Request {
+            service: &d.service,
+            families: &d.families.import,
+        })
+        .collect();
+    let allocated = ips::allocate(&requests, existing, &config.cidrs);
+
+    let mut plan = MergePlan {
+        importing_cluster: Some(importing.clone()),
+        ..Default::default()
+    };
+    let mut names = slices::NameAllocator::default();
+    for d in &drafts {
+        let mut ready = if d.families.supported {
+            conditions::import_ready()
+        } else {
+            conditions::import_family_not_supported(&d.families.import, &local_families)
+        };
+        let mut ips_out = Vec::new();
+        if d.props.winner.type_ == ServiceImportType::ClusterSetIP && d.families.supported {
+            match allocated.get(&d.service) {
+                Some(ips) => ips_out = ips.clone(),
+                None => ready = conditions::import_no_ip(&d.families.import),
+            }
+        }
+        let routing = ServiceRouting {
+            service: d.service.clone(),
+            ports: d.ports.merged.clone(),
+            families: d
+                .families
+                .import
+                .iter()
+                .map(|f| {
+                    let clusters = d
+                        .contributing
+                        .iter()
+                        .filter(|e| e.families.contains(f))
+                        .map(|e| e.cluster.clone())
+                        .collect();
+                    (*f, clusters)
+                })
+                .collect(),
+        };
+        if d.families.supported {
+            plan.endpoint_slices.append(&mut slices::build(
+                &d.service,
+                &d.contributing,
+                &routing,
+                &mut names,
+            ));
+        }
+        plan.service_imports.push(build_import(d, ips_out, ready));
+        plan.routing.push(routing);
+    }
+
+    // (cluster, service) is unique, so this order is total.
+    export_statuses.sort_by(|a, b| (&a.cluster, &a.service).cmp(&(&b.cluster, &b.service)));
+    plan.export_statuses = export_statuses;
+    plan.endpoint_slices.sort_by(|a, b| {
+        (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
+    });
+    diagnostics.sort();
+    diagnostics.dedup();
+    plan.diagnostics = diagnostics;
+    plan
+}
+
+/// One service between the merge steps and the output objects.
+struct Draft<'a> {
+    service: NamespacedName,
+    contributing: Vec<&'a exports::Export<'a>>,
+    families: families::Families,
+    ports: ports::MergedPorts,
+    props: properties::Properties,
+}
+
+fn build_import(d: &Draft<'_>, ips: Vec<String>, ready: MergeCondition) -> ServiceImport {
+    let w = &d.props.winner;
+    let nonempty = |m: &BTreeMap<String, String>| (!m.is_empty()).then(|| m.clone());
+    let mut clusters: Vec<ClusterStatus> = d
+        .contributing
+        .iter()
+        .map(|e| ClusterStatus {
+            cluster: e.cluster.to_string(),
+        })
+        .collect();
+    clusters.sort();
+    clusters.dedup();
+    ServiceImport {
+        metadata: ObjectMeta {
+            name: Some(d.service.name.clone()),
+            namespace: Some(d.service.namespace.clone()),
+            labels: nonempty(&w.labels),
+            annotations: nonempty(&w.annotations),
+            ..Default::default()
+        },
+        spec: ServiceImportSpec {
+            ports: d.ports.merged.iter().map(|p| p.port.clone()).collect(),
+            ips,
+            type_: w.type_,
+            session_affinity: Some(w.session_affinity.clone()),
+            session_affinity_config: w.session_affinity_config.clone(),
+            ip_families: d.families.import.clone(),
+            internal_traffic_policy: Some(w.internal_traffic_policy.clone()),
+            traffic_distribution: w.traffic_distribution.clone(),
+        },
+        status: Some(ServiceImportStatus {
+            clusters,
+            conditions: vec![ready.to_k8s(conditions::epoch())],
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests;
