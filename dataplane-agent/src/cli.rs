@@ -22,8 +22,12 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Standalone mode: merge the clusters in DIR, program this host, keep a report.
+    Run(RunArgs),
     /// Node role from files: route the ServiceImports and imported EndpointSlices in DIR.
     Node(NodeArgs),
+    /// Print the merge and the lb table of a ClusterSet directory as JSON (no kernel needed).
+    Plan(PlanArgs),
     /// Print the live table from the pinned maps.
     Inspect(InspectArgs),
     /// Detach the programs and remove the pinned links and maps.
@@ -95,6 +99,31 @@ pub struct NodeArgs {
     pub from_dir: PathBuf,
     #[command(flatten)]
     pub dataplane: DataplaneArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// ClusterSet directory: DIR/<cluster-id>/*.yaml and an optional DIR/clusterset.yaml.
+    #[arg(long)]
+    pub clusterset_dir: PathBuf,
+    /// The cluster this host belongs to (default: the first cluster id in sorted order).
+    #[arg(long)]
+    pub cluster: Option<crate::model::ClusterId>,
+    /// Write the current ServiceImports and export conditions (YAML) here after every merge.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    #[command(flatten)]
+    pub dataplane: DataplaneArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// ClusterSet directory: DIR/<cluster-id>/*.yaml and an optional DIR/clusterset.yaml.
+    #[arg(long)]
+    pub clusterset_dir: PathBuf,
+    /// The importing cluster (default: the first cluster id in sorted order).
+    #[arg(long)]
+    pub cluster: Option<crate::model::ClusterId>,
 }
 
 #[derive(Args, Debug)]

@@ -7,7 +7,7 @@ pub mod cli;
 pub mod lb;
 pub mod merge;
 pub mod model;
-pub mod roles;
 pub mod plan;
+pub mod roles;
 pub mod source;
 pub mod telemetry;

@@ -5,8 +5,8 @@ use clap::Parser as _;
 use dataplane_agent::{
     bpf::{inspect, loader},
     cli::{Cli, Command},
-    model,
-    roles::node,
+    model, plan,
+    roles::{node, standalone},
     telemetry,
 };
 
@@ -35,6 +35,30 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 node::run(node, rx, node::shutdown_signal()).await;
                 Ok(())
             })
+        }
+        Command::Run(args) => {
+            let cfg = args.dataplane.loader_config().map_err(anyhow::Error::msg)?;
+            // Fail before touching the kernel when the directory cannot be merged at all.
+            plan::compute(&args.clusterset_dir, args.cluster.as_ref())
+                .context("reading the clusterset directory")?;
+            let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+            rt.block_on(async move {
+                let node = node::Node::start(&cfg).context("installing the dataplane")?;
+                let (tx, rx) = tokio::sync::watch::channel(None::<Arc<node::NodeInputs>>);
+                tokio::spawn(standalone::watch_clusterset(
+                    args.clusterset_dir.clone(),
+                    args.cluster.clone(),
+                    args.report.clone(),
+                    tx,
+                ));
+                node::run(node, rx, node::shutdown_signal()).await;
+                Ok(())
+            })
+        }
+        Command::Plan(args) => {
+            let plan = plan::compute(&args.clusterset_dir, args.cluster.as_ref())?;
+            print!("{}", plan.to_json());
+            Ok(())
         }
         Command::Inspect(args) => {
             let inspection = inspect::inspect(&args.pin.pin_dir)?;

@@ -67,6 +67,16 @@ pub struct Plan {
 /// # Ok::<(), dataplane_agent::plan::PlanError>(())
 /// ```
 pub fn compute(dir: &Path, cluster: Option<&ClusterId>) -> Result<Plan, PlanError> {
+    compute_with(dir, cluster, None)
+}
+
+/// [`compute`], with the importing cluster's current imports given instead of read from the
+/// directory (standalone mode passes its previous result, so ClusterSet IPs stay put).
+pub fn compute_with(
+    dir: &Path,
+    cluster: Option<&ClusterId>,
+    current_imports: Option<&[crate::model::ServiceImport]>,
+) -> Result<Plan, PlanError> {
     let read = clusterset_dir::read(dir)?;
     let cluster = match cluster {
         Some(c) => {
@@ -86,7 +96,8 @@ pub fn compute(dir: &Path, cluster: Option<&ClusterId>) -> Result<Plan, PlanErro
                 dir: dir.to_owned(),
             })?,
     };
-    let existing = read.imports.get(&cluster).map(Vec::as_slice).unwrap_or(&[]);
+    let existing = current_imports
+        .unwrap_or_else(|| read.imports.get(&cluster).map(Vec::as_slice).unwrap_or(&[]));
     let merge = merge::merge(&read.snapshots, &read.config, &cluster, existing);
     let lb = lb::build(&merge.service_imports, &merge.endpoint_slices);
     Ok(Plan {
