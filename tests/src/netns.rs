@@ -282,8 +282,21 @@ impl Topology {
         Ok(())
     }
 
+    /// Adds an address to a cluster's namespace (it must lie in the cluster's subnets).
+    pub fn add_address(&self, cluster: &str, ip: IpAddr) -> anyhow::Result<()> {
+        let c = self.cluster(cluster).clone();
+        let (addr, extra) = match ip {
+            IpAddr::V4(v4) => (format!("{v4}/24"), None),
+            IpAddr::V6(v6) => (format!("{v6}/64"), Some("nodad")),
+        };
+        let mut args = vec!["-n", &c.netns, "addr", "add", &addr, "dev", "uplink"];
+        args.extend(extra);
+        sh("ip", &args)?;
+        Ok(())
+    }
+
     /// Starts an echo server in `cluster`'s namespace on endpoint `host`, answering with
-    /// `<cluster>/<ip>` on each of `listens` (`tcp:PORT`, `udp:PORT`), on IPv4 and IPv6.
+    /// `<cluster>/<ipv4>` on each of `listens` (`tcp:PORT`, `udp:PORT`), on IPv4 and IPv6.
     pub fn start_backend(
         &mut self,
         cluster: &str,
@@ -292,20 +305,30 @@ impl Topology {
     ) -> anyhow::Result<()> {
         self.add_endpoint(cluster, host)?;
         let c = self.cluster(cluster).clone();
+        // The reply names the cluster and the IPv4 endpoint: one identity for both families.
+        let id = format!("{}/{}", c.name, c.v4(host));
+        let mut specs = Vec::new();
+        for l in listens {
+            let (proto, port) = l.split_once(':').context("listen spec is proto:port")?;
+            specs.push(format!("{proto}:{}:{port}", c.v4(host)));
+            specs.push(format!("{proto}:[{}]:{port}", c.v6(host)));
+        }
+        self.start_echo(cluster, &id, &specs)
+    }
+
+    /// Starts `mcs-echo --id ID SPECS...` in `cluster`'s namespace (addresses already added)
+    /// and waits until it listens.
+    pub fn start_echo(&mut self, cluster: &str, id: &str, specs: &[String]) -> anyhow::Result<()> {
+        let c = self.cluster(cluster).clone();
         let mut args = vec![
             "netns".to_owned(),
             "exec".to_owned(),
             c.netns.clone(),
             echo_bin().display().to_string(),
+            "--id".to_owned(),
+            id.to_owned(),
         ];
-        // The reply names the cluster and the IPv4 endpoint: one identity for both families.
-        args.push("--id".into());
-        args.push(format!("{}/{}", c.name, c.v4(host)));
-        for l in listens {
-            let (proto, port) = l.split_once(':').context("listen spec is proto:port")?;
-            args.push(format!("{proto}:{}:{port}", c.v4(host)));
-            args.push(format!("{proto}:[{}]:{port}", c.v6(host)));
-        }
+        args.extend(specs.iter().cloned());
         let mut child = Command::new("ip")
             .args(&args)
             .stdout(Stdio::piped())

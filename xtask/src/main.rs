@@ -1,1 +1,160 @@
-fn main() {}
+//! `cargo xtask`: the front door for developers and CI.
+//!
+//! - `setup`: installs what is missing (Debian packages, bpf-linker, nightly rust-src) and
+//!   mounts bpffs. Safe to rerun.
+//! - `build`: builds the eBPF object (via the agent's build.rs), the agent and the test tools.
+//! - `test`: setup, then fmt, clippy, unit tests and the root-only integration tests.
+//! - `run -- ARGS`: builds and runs `dataplane-agent ARGS`.
+
+mod demo;
+mod setup;
+
+use std::process::Command;
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "xtask",
+    about = "Build, test and demo tasks for the MCS dataplane"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install missing packages, bpf-linker and rust-src; mount bpffs.
+    Setup,
+    /// Build the eBPF object, the agent and the test tools.
+    Build {
+        #[arg(long)]
+        release: bool,
+    },
+    /// Run setup, formatting and lint checks, unit tests and the privileged integration tests.
+    Test {
+        /// Skip `setup` (for machines that are already set up).
+        #[arg(long)]
+        no_setup: bool,
+        /// Extra arguments for the test harness (e.g. a test name filter).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Build and run the agent: `cargo xtask run -- plan --clusterset-dir examples/clusterset`.
+    Run {
+        #[arg(long)]
+        release: bool,
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// The standalone demo: three clusters in network namespaces, real traffic, a report.
+    Demo {
+        /// ClusterSet directory to run (default: examples/clusterset).
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+        /// Probes per service, port and family.
+        #[arg(long, default_value_t = 20)]
+        probes: u32,
+        /// Keep the demo running (and the agent serving) until Ctrl-C.
+        #[arg(long)]
+        wait: bool,
+    },
+}
+
+/// Runs a command, echoing it, and fails when it fails.
+pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    eprintln!("+ {}", describe(cmd));
+    let status = cmd
+        .status()
+        .with_context(|| format!("running {}", describe(cmd)))?;
+    if !status.success() {
+        bail!("{} failed ({status})", describe(cmd));
+    }
+    Ok(())
+}
+
+pub fn describe(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `cargo` with the workspace root as the working directory.
+pub fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+pub fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+pub fn build(release: bool) -> anyhow::Result<std::path::PathBuf> {
+    let mut cmd = cargo();
+    cmd.args(["build", "-p", "dataplane-agent", "-p", "tests", "--bins"]);
+    if release {
+        cmd.arg("--release");
+    }
+    run(&mut cmd)?;
+    Ok(workspace_root()
+        .join("target")
+        .join(if release { "release" } else { "debug" }))
+}
+
+fn test(no_setup: bool, args: &[String]) -> anyhow::Result<()> {
+    if !no_setup {
+        setup::setup()?;
+    }
+    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--exclude",
+        "dataplane-ebpf",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    // The eBPF crate: its host-side ABI library (the programs are linted as they are built).
+    run(cargo().args([
+        "clippy",
+        "-p",
+        "dataplane-ebpf",
+        "--lib",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+    run(cargo().args(["test", "-p", "dataplane-ebpf", "--lib"]))?;
+    // The agent binary and the test tools must exist before the integration tests start them.
+    build(false)?;
+    let mut cmd = cargo();
+    cmd.args(["test", "--workspace", "--exclude", "dataplane-ebpf"])
+        // Root-only tests fail instead of skipping: CI runs as root and must run them all.
+        .env("MCS_REQUIRE_ROOT", "1")
+        .arg("--")
+        .args(args);
+    run(&mut cmd)
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Task::Setup => setup::setup(),
+        Task::Build { release } => build(release).map(|_| ()),
+        Task::Test { no_setup, args } => test(no_setup, &args),
+        Task::Run { release, args } => {
+            let dir = build(release)?;
+            run(Command::new(dir.join("dataplane-agent")).args(args))
+        }
+        Task::Demo { dir, probes, wait } => demo::demo(dir, probes, wait),
+    }
+}
