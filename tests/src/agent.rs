@@ -26,7 +26,7 @@ impl Agent {
         let n = fs::read_dir(&topo.dir).map(|d| d.count()).unwrap_or(0);
         let log = topo.dir.join(format!("agent-{n}.log"));
         let out = fs::File::create(&log)?;
-        let child = Command::new(agent_bin())
+        let child = crate::netns::die_with_parent(&mut Command::new(agent_bin()))
             .args(args)
             .arg("--pin-dir")
             .arg(&topo.pin_dir)

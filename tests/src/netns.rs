@@ -12,14 +12,34 @@
 use std::{
     fs,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::atomic::{AtomicU32, Ordering},
+    sync::{
+        Mutex, MutexGuard,
+        atomic::{AtomicU32, Ordering},
+    },
 };
 
 use anyhow::{Context as _, bail};
 
 static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// Topologies of one test binary take turns: the tests measure what reaches which backend,
+/// and running them side by side on a small machine only adds timeouts and noise.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Makes a spawned child die with the test process, even when the test process is killed
+/// before it can clean up.
+pub fn die_with_parent(cmd: &mut Command) -> &mut Command {
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        })
+    }
+}
 
 /// Runs a command and fails with its stderr when it fails.
 pub fn sh(program: &str, args: &[&str]) -> anyhow::Result<String> {
@@ -153,11 +173,17 @@ pub struct Topology {
     /// A scratch directory for fixtures, logs and reports.
     pub dir: PathBuf,
     children: Vec<Child>,
+    /// Released after the cleanup in `drop`, so the next topology starts on a clean slate.
+    _serial: MutexGuard<'static, ()>,
 }
 
 impl Topology {
     /// Builds the namespaces for `clusters` (names), the cgroup and the pin directory.
     pub fn new(clusters: &[&str]) -> anyhow::Result<Topology> {
+        // A test that panicked while holding the lock has cleaned up in its own drop.
+        let serial = SERIAL
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         clean_stale();
         let _ = sh("mount", &["-t", "bpf", "bpf", "/sys/fs/bpf"]).or_else(|_| {
             // Already mounted is fine.
@@ -178,6 +204,7 @@ impl Topology {
             id,
             dir,
             children: Vec::new(),
+            _serial: serial,
         };
         // From here on, Drop cleans up whatever was created.
         sh("ip", &["netns", "add", &topo.client])?;
@@ -329,7 +356,7 @@ impl Topology {
             id.to_owned(),
         ];
         args.extend(specs.iter().cloned());
-        let mut child = Command::new("ip")
+        let mut child = die_with_parent(&mut Command::new("ip"))
             .args(&args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -377,6 +404,7 @@ impl Topology {
     /// The `mcs-probe` command (for tests that run it in the background).
     pub fn probe_command(&self, mode: &str, addr: &str, extra: &[&str]) -> Command {
         let mut cmd = Command::new(probe_bin());
+        die_with_parent(&mut cmd);
         cmd.arg("--netns")
             .arg(&self.client)
             .arg("--cgroup")

@@ -1168,8 +1168,10 @@ mod tests {
         }
     }
 
-    /// A table with one service per entry: (service, vip, [(port, [backends])]).
-    fn table(spec: &[(&str, IpAddr, Vec<(u16, Vec<Backend>)>)]) -> LbTable {
+    /// One service of a test table: (service, vip, [(port, [backends])]).
+    type ServiceSpec<'a> = (&'a str, IpAddr, Vec<(u16, Vec<Backend>)>);
+
+    fn table(spec: &[ServiceSpec]) -> LbTable {
         let mut t = LbTable::default();
         for (name, vip, ports) in spec {
             t.vips.insert(*vip, svc(name));
