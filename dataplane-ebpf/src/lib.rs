@@ -1,7 +1,8 @@
 //! The map ABI shared by the eBPF programs (`src/main.rs`) and the agent.
 //!
 //! Every key and value is `#[repr(C)]` with explicit padding, so the layout is the same in the
-//! kernel and in userspace and `bpftool map dump` shows every byte. Addresses and ports are kept
+//! kernel and in userspace. The maps are BTF-defined, so `bpftool map dump` prints every field
+//! by name. Addresses and ports are kept
 //! in network byte order, exactly as `struct bpf_sock_addr` holds them, so the datapath never
 //! converts. Change any layout here and bump [`PIN_VERSION`].
 //!

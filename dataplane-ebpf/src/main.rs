@@ -12,12 +12,12 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::bpf_sock_addr,
+    btf_maps::{HashMap, LruHashMap, PerCpuHashMap},
     helpers::generated::{
         bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns,
         bpf_set_retval,
     },
-    macros::{cgroup_sock_addr, map},
-    maps::{HashMap, LruHashMap, PerCpuHashMap},
+    macros::{btf_map, cgroup_sock_addr},
     programs::SockAddrContext,
 };
 use aya_log_ebpf::debug;
@@ -30,37 +30,38 @@ use dataplane_ebpf::{
 
 /// Elements are allocated on write and freed after an RCU grace period, so a concurrent reader
 /// never sees a recycled element (the aliasing hazard of preallocated hash maps).
-const NO_PREALLOC: u32 = 1;
+const NO_PREALLOC: usize = 1;
+const MAX_FRONTENDS: usize = defaults::MAX_FRONTENDS as usize;
+const MAX_BACKENDS: usize = defaults::MAX_BACKENDS as usize;
+const MAX_SLOTS: usize = defaults::MAX_SLOTS as usize;
+const MAX_AFFINITY: usize = defaults::MAX_AFFINITY as usize;
+const MAX_REVNAT: usize = defaults::MAX_REVNAT as usize;
 
-#[map(name = "MCS_FE4")]
-static FRONTENDS4: HashMap<FrontendKey4, Frontend> =
-    HashMap::pinned(defaults::MAX_FRONTENDS, NO_PREALLOC);
-#[map(name = "MCS_FE6")]
-static FRONTENDS6: HashMap<FrontendKey6, Frontend> =
-    HashMap::pinned(defaults::MAX_FRONTENDS, NO_PREALLOC);
-#[map(name = "MCS_SLOTS")]
-static SLOTS: HashMap<SlotKey, Slot> = HashMap::pinned(defaults::MAX_SLOTS, NO_PREALLOC);
-#[map(name = "MCS_BACKENDS")]
-static BACKENDS: HashMap<u32, Backend> = HashMap::pinned(defaults::MAX_BACKENDS, NO_PREALLOC);
-#[map(name = "MCS_AFFINITY")]
-static AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
-    LruHashMap::pinned(defaults::MAX_AFFINITY, 0);
-#[map(name = "MCS_AFF_MATCH")]
-static AFFINITY_MATCH: HashMap<AffinityMatchKey, u32> =
-    HashMap::pinned(defaults::MAX_SLOTS, NO_PREALLOC);
-#[map(name = "MCS_REVNAT4")]
-static REVNAT4: LruHashMap<RevNatKey4, RevNatValue4> = LruHashMap::pinned(defaults::MAX_REVNAT, 0);
-#[map(name = "MCS_REVNAT6")]
-static REVNAT6: LruHashMap<RevNatKey6, RevNatValue6> = LruHashMap::pinned(defaults::MAX_REVNAT, 0);
-#[map(name = "MCS_COUNTERS")]
-static COUNTERS: PerCpuHashMap<u32, Counters> =
-    PerCpuHashMap::pinned(defaults::MAX_FRONTENDS, NO_PREALLOC);
+// BTF-defined maps: `bpftool map dump` shows every key and value field by name. The loader pins
+// each one by name (`EbpfLoader::map_pin_path`), and sizes them from the agent's flags.
+#[btf_map(name = "MCS_FE4")]
+static FRONTENDS4: HashMap<FrontendKey4, Frontend, MAX_FRONTENDS, NO_PREALLOC> = HashMap::new();
+#[btf_map(name = "MCS_FE6")]
+static FRONTENDS6: HashMap<FrontendKey6, Frontend, MAX_FRONTENDS, NO_PREALLOC> = HashMap::new();
+#[btf_map(name = "MCS_SLOTS")]
+static SLOTS: HashMap<SlotKey, Slot, MAX_SLOTS, NO_PREALLOC> = HashMap::new();
+#[btf_map(name = "MCS_BACKENDS")]
+static BACKENDS: HashMap<u32, Backend, MAX_BACKENDS, NO_PREALLOC> = HashMap::new();
+#[btf_map(name = "MCS_AFFINITY")]
+static AFFINITY: LruHashMap<AffinityKey, AffinityValue, MAX_AFFINITY> = LruHashMap::new();
+#[btf_map(name = "MCS_AFF_MATCH")]
+static AFFINITY_MATCH: HashMap<AffinityMatchKey, u32, MAX_SLOTS, NO_PREALLOC> = HashMap::new();
+#[btf_map(name = "MCS_REVNAT4")]
+static REVNAT4: LruHashMap<RevNatKey4, RevNatValue4, MAX_REVNAT> = LruHashMap::new();
+#[btf_map(name = "MCS_REVNAT6")]
+static REVNAT6: LruHashMap<RevNatKey6, RevNatValue6, MAX_REVNAT> = LruHashMap::new();
+#[btf_map(name = "MCS_COUNTERS")]
+static COUNTERS: PerCpuHashMap<u32, Counters, MAX_FRONTENDS, NO_PREALLOC> = PerCpuHashMap::new();
 /// Names for `inspect`; only the agent reads and writes them.
-#[map(name = "MCS_FE_NAMES")]
-static FRONTEND_NAMES: HashMap<u32, FrontendName> =
-    HashMap::pinned(defaults::MAX_FRONTENDS, NO_PREALLOC);
-#[map(name = "MCS_CLUSTERS")]
-static CLUSTER_NAMES: HashMap<u32, ClusterName> = HashMap::pinned(1024, NO_PREALLOC);
+#[btf_map(name = "MCS_FE_NAMES")]
+static FRONTEND_NAMES: HashMap<u32, FrontendName, MAX_FRONTENDS, NO_PREALLOC> = HashMap::new();
+#[btf_map(name = "MCS_CLUSTERS")]
+static CLUSTER_NAMES: HashMap<u32, ClusterName, 1024, NO_PREALLOC> = HashMap::new();
 
 /// Return values of cgroup sock_addr programs.
 const ALLOW: i32 = 1;

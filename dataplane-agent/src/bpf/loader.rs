@@ -224,8 +224,13 @@ pub fn install(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
     let links = links_dir(&cfg.pin_dir, &cfg.cgroup)?;
     fs::create_dir_all(&links).map_err(io("cannot create", &links))?;
 
-    let mut ebpf: Ebpf = EbpfLoader::new()
-        .default_map_pin_directory(&maps_dir)
+    let mut loader = EbpfLoader::new();
+    // BTF-defined maps carry no pinning attribute in aya-ebpf 0.2: pin each one by path. An
+    // existing pin is reused as it is (an agent restart keeps the maps and their contents).
+    for name in map_names::ALL {
+        loader.map_pin_path(name, maps_dir.join(name));
+    }
+    let mut ebpf: Ebpf = loader
         .map_max_entries(map_names::FRONTENDS4, cfg.max_frontends)
         .map_max_entries(map_names::FRONTENDS6, cfg.max_frontends)
         .map_max_entries(map_names::COUNTERS, cfg.max_frontends)
