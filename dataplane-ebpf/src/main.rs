@@ -72,6 +72,9 @@ enum Verdict {
     Translate(u32, Backend),
     /// Refuse with ECONNREFUSED.
     Reject(u32),
+    /// The slot or backend just read is gone: the agent switched this frontend to a new bank
+    /// between our two lookups. Looking the frontend up again sees the new bank.
+    Stale(u32),
 }
 
 #[inline(always)]
@@ -143,11 +146,11 @@ fn choose(ctx: &SockAddrContext, fe: &Frontend) -> Verdict {
         index,
     };
     let Some(slot) = (unsafe { SLOTS.get(&slot) }) else {
-        return Verdict::Reject(fe.id);
+        return Verdict::Stale(fe.id);
     };
     let backend_id = slot.backend_id;
     let Some(be) = (unsafe { BACKENDS.get(&backend_id) }) else {
-        return Verdict::Reject(fe.id);
+        return Verdict::Stale(fe.id);
     };
     if affinity {
         let _ = AFFINITY.insert(
@@ -228,8 +231,15 @@ fn forward4(ctx: &SockAddrContext) -> i32 {
     let Some(fe) = lookup4(sa, proto) else {
         return ALLOW;
     };
-    match choose(ctx, &fe) {
-        Verdict::Reject(id) => reject(ctx, id),
+    let verdict = match choose(ctx, &fe) {
+        Verdict::Stale(id) => match lookup4(sa, proto) {
+            Some(fe) => choose(ctx, &fe),
+            None => Verdict::Reject(id),
+        },
+        v => v,
+    };
+    match verdict {
+        Verdict::Reject(id) | Verdict::Stale(id) => reject(ctx, id),
         Verdict::Translate(id, be) => {
             let vip = sa.user_ip4;
             let vip_port = sa.user_port as u16;
@@ -262,8 +272,15 @@ fn forward6(ctx: &SockAddrContext) -> i32 {
     let Some(fe) = lookup6(sa, proto) else {
         return ALLOW;
     };
-    match choose(ctx, &fe) {
-        Verdict::Reject(id) => reject(ctx, id),
+    let verdict = match choose(ctx, &fe) {
+        Verdict::Stale(id) => match lookup6(sa, proto) {
+            Some(fe) => choose(ctx, &fe),
+            None => Verdict::Reject(id),
+        },
+        v => v,
+    };
+    match verdict {
+        Verdict::Reject(id) | Verdict::Stale(id) => reject(ctx, id),
         Verdict::Translate(id, be) => {
             let vip = [
                 sa.user_ip6[0],
