@@ -30,6 +30,8 @@ pub enum Command {
     Plan(PlanArgs),
     /// Print the live table from the pinned maps.
     Inspect(InspectArgs),
+    /// Explain which clusters a ClusterSet IP and port reach, and why the others do not.
+    Explain(ExplainArgs),
     /// Detach the programs and remove the pinned links and maps.
     Uninstall(PinDirArg),
     /// Print the ServiceExport and ServiceImport CRDs (YAML).
@@ -124,6 +126,39 @@ pub struct PlanArgs {
     /// The importing cluster (default: the first cluster id in sorted order).
     #[arg(long)]
     pub cluster: Option<crate::model::ClusterId>,
+}
+
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["from_dir", "clusterset_dir"])))]
+pub struct ExplainArgs {
+    /// `IP:PORT` or `[IPv6]:PORT`, optionally followed by `/udp` (default TCP).
+    pub address: String,
+    /// A node directory of ServiceImports and imported EndpointSlices (as for `node`).
+    #[arg(long)]
+    pub from_dir: Option<PathBuf>,
+    /// A ClusterSet directory (as for `plan`): explain the merged result.
+    #[arg(long)]
+    pub clusterset_dir: Option<PathBuf>,
+    /// The importing cluster, with --clusterset-dir.
+    #[arg(long, requires = "clusterset_dir")]
+    pub cluster: Option<crate::model::ClusterId>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parses `IP:PORT[/tcp|/udp]`.
+pub fn parse_frontend(s: &str) -> Result<(std::net::IpAddr, u16, crate::lb::Protocol), String> {
+    let (addr, proto) = match s.rsplit_once('/') {
+        Some((a, p)) => (a, p.to_ascii_uppercase()),
+        None => (s, "TCP".to_owned()),
+    };
+    let protocol = crate::lb::Protocol::parse(Some(&proto))
+        .map_err(|p| format!("protocol {p:?}: use tcp or udp"))?;
+    let sock: std::net::SocketAddr = addr
+        .parse()
+        .map_err(|e| format!("{addr:?} is not IP:PORT or [IPv6]:PORT: {e}"))?;
+    Ok((sock.ip(), sock.port(), protocol))
 }
 
 #[derive(Args, Debug)]

@@ -60,6 +60,31 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", plan.to_json());
             Ok(())
         }
+        Command::Explain(args) => {
+            let (ip, port, protocol) =
+                dataplane_agent::cli::parse_frontend(&args.address).map_err(anyhow::Error::msg)?;
+            let (imports, slices) = match (&args.from_dir, &args.clusterset_dir) {
+                (Some(dir), _) => {
+                    let (inputs, errors) = node::read_node_dir(dir)?;
+                    for e in errors {
+                        tracing::warn!("{e}");
+                    }
+                    (inputs.imports, inputs.slices)
+                }
+                (None, Some(dir)) => {
+                    let plan = plan::compute(dir, args.cluster.as_ref())?;
+                    (plan.merge.service_imports, plan.merge.endpoint_slices)
+                }
+                (None, None) => anyhow::bail!("give --from-dir or --clusterset-dir"),
+            };
+            let e = dataplane_agent::explain::explain(&imports, &slices, ip, port, protocol);
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&e)?);
+            } else {
+                print!("{e}");
+            }
+            Ok(())
+        }
         Command::Inspect(args) => {
             let inspection = inspect::inspect(&args.pin.pin_dir)?;
             if args.json {

@@ -1,0 +1,354 @@
+//! Why a frontend reaches the clusters it reaches: for a ClusterSet IP, port and protocol, each
+//! cluster of the import is eligible or not, with the reason (ARCHITECTURE.md §4 read
+//! backwards). A pure function of the same inputs as [`crate::lb::build`].
+
+use std::{collections::BTreeMap, fmt, net::IpAddr};
+
+use serde::Serialize;
+
+use crate::{
+    lb::{self, Protocol},
+    model::{
+        EndpointSlice, IpFamily, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, NamespacedName,
+        ServiceImport,
+    },
+};
+
+/// The verdict for one cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterVerdict {
+    pub cluster: String,
+    pub eligible: bool,
+    pub reason: String,
+}
+
+/// The explanation for one address.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Explanation {
+    pub address: String,
+    /// The import owning the VIP, when there is one.
+    pub service: Option<String>,
+    /// What a client connecting there gets.
+    pub outcome: String,
+    pub clusters: Vec<ClusterVerdict>,
+}
+
+impl fmt::Display for Explanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}: {}", self.address, self.outcome)?;
+        for c in &self.clusters {
+            let mark = if c.eligible {
+                "eligible"
+            } else {
+                "not eligible"
+            };
+            writeln!(f, "  {:<20} {mark:<13} {}", c.cluster, c.reason)?;
+        }
+        Ok(())
+    }
+}
+
+/// Explains `ip:port/protocol` against the imports and imported slices of a node.
+pub fn explain(
+    imports: &[ServiceImport],
+    slices: &[EndpointSlice],
+    ip: IpAddr,
+    port: u16,
+    protocol: Protocol,
+) -> Explanation {
+    let address = lb::FrontendAddr { ip, port, protocol }.to_string();
+    let table = lb::build(imports, slices);
+    let Some(owner) = table.vips.get(&ip) else {
+        return Explanation {
+            address,
+            service: None,
+            outcome: "not a ClusterSet IP on this node: traffic passes through untouched".into(),
+            clusters: Vec::new(),
+        };
+    };
+    let Some(si) = imports
+        .iter()
+        .find(|si| NamespacedName::of(&si.metadata) == *owner)
+    else {
+        return Explanation {
+            address,
+            service: Some(owner.to_string()),
+            outcome: "the import owning this VIP is gone".into(),
+            clusters: Vec::new(),
+        };
+    };
+    let family = IpFamily::of(&ip);
+    let declared = si.spec.ports.iter().find(|p| {
+        u16::try_from(p.port).ok() == Some(port)
+            && Protocol::parse(p.protocol.as_deref()).ok() == Some(protocol)
+    });
+    let frontend = table
+        .frontends
+        .get(&lb::FrontendAddr { ip, port, protocol });
+    let Some(declared) = declared else {
+        let served: Vec<String> = si
+            .spec
+            .ports
+            .iter()
+            .map(|p| format!("{}/{}", p.port, p.protocol_or_tcp()))
+            .collect();
+        return Explanation {
+            address,
+            service: Some(owner.to_string()),
+            outcome: format!(
+                "refused (ECONNREFUSED): {owner} serves {} only",
+                served.join(", ")
+            ),
+            clusters: Vec::new(),
+        };
+    };
+    let port_name = declared.name_or_empty().to_owned();
+    let shown_name = if port_name.is_empty() {
+        "the unnamed port".to_owned()
+    } else {
+        format!("port {port_name:?}")
+    };
+
+    // Every cluster the import lists, and every cluster with a slice of the service.
+    let mut clusters: BTreeMap<String, Vec<&EndpointSlice>> = si
+        .status
+        .iter()
+        .flat_map(|s| s.clusters.iter())
+        .map(|c| (c.cluster.clone(), Vec::new()))
+        .collect();
+    for slice in slices {
+        let labels = slice.metadata.labels.clone().unwrap_or_default();
+        if labels.get(LABEL_SERVICE_NAME) != Some(&owner.name)
+            || slice.metadata.namespace.as_deref().unwrap_or("default") != owner.namespace
+        {
+            continue;
+        }
+        if let Some(c) = labels.get(LABEL_SOURCE_CLUSTER) {
+            clusters.entry(c.clone()).or_default().push(slice);
+        }
+    }
+    let backends_of = |cluster: &str| {
+        frontend
+            .map(|f| {
+                f.backends
+                    .iter()
+                    .filter(|b| b.cluster.as_str() == cluster)
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let mut verdicts = Vec::new();
+    for (cluster, own) in &clusters {
+        let n = backends_of(cluster);
+        let reason = if n > 0 {
+            format!("{n} backend(s) on the slices' {shown_name}")
+        } else if own.is_empty() {
+            "no imported EndpointSlices from this cluster: it declares none of the merged ports identically, its family does not match, or it has no endpoints".to_owned()
+        } else if !own.iter().any(|s| s.address_type == family.address_type()) {
+            format!("does not serve {family} (no {family} EndpointSlices)")
+        } else if !own.iter().any(|s| {
+            s.address_type == family.address_type()
+                && s.ports.iter().flatten().any(|p| {
+                    p.name.as_deref().unwrap_or("") == port_name
+                        && Protocol::parse(p.protocol.as_deref()).ok() == Some(protocol)
+                })
+        }) {
+            format!(
+                "does not declare {shown_name} as {port}/{protocol} (its Service's port differs or is missing)"
+            )
+        } else {
+            "no ready endpoints (terminating ones are used only when no cluster has ready ones)"
+                .to_owned()
+        };
+        verdicts.push(ClusterVerdict {
+            cluster: cluster.clone(),
+            eligible: n > 0,
+            reason,
+        });
+    }
+    let outcome = match frontend {
+        Some(f) if !f.backends.is_empty() => format!(
+            "{owner} {shown_name}: {} backend(s), chosen uniformly at random{}",
+            f.backends.len(),
+            if f.affinity_timeout_s.is_some() {
+                ", with ClientIP affinity"
+            } else {
+                ""
+            }
+        ),
+        _ => format!("{owner} {shown_name}: no backends, refused (ECONNREFUSED)"),
+    };
+    Explanation {
+        address,
+        service: Some(owner.to_string()),
+        outcome,
+        clusters: verdicts,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::source::manifests::{Manifest, parse_documents};
+
+    const INPUT: &str = r#"
+apiVersion: multicluster.x-k8s.io/v1beta1
+kind: ServiceImport
+metadata: {name: web, namespace: demo}
+spec:
+  type: ClusterSetIP
+  ips: [241.0.0.10, "fd00:241::10"]
+  ipFamilies: [IPv4, IPv6]
+  ports: [{name: http, protocol: TCP, port: 80}, {name: admin, protocol: TCP, port: 9000}]
+status:
+  clusters: [{cluster: a}, {cluster: b}, {cluster: c}, {cluster: d}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-a
+  namespace: demo
+  labels: {multicluster.kubernetes.io/service-name: web, multicluster.kubernetes.io/source-cluster: a}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: 8080}, {name: admin, protocol: TCP, port: 9090}]
+endpoints: [{addresses: [10.0.0.1]}, {addresses: [10.0.0.2]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-b
+  namespace: demo
+  labels: {multicluster.kubernetes.io/service-name: web, multicluster.kubernetes.io/source-cluster: b}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: 8080}]
+endpoints: [{addresses: [10.1.0.1]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-c
+  namespace: demo
+  labels: {multicluster.kubernetes.io/service-name: web, multicluster.kubernetes.io/source-cluster: c}
+addressType: IPv6
+ports: [{name: http, protocol: TCP, port: 8080}]
+endpoints: [{addresses: ["fd00::1"]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-d
+  namespace: demo
+  labels: {multicluster.kubernetes.io/service-name: web, multicluster.kubernetes.io/source-cluster: d}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: 8080}]
+endpoints: [{addresses: [10.3.0.1], conditions: {ready: false}}]
+"#;
+
+    fn inputs() -> (Vec<ServiceImport>, Vec<EndpointSlice>) {
+        let (objects, errors) = parse_documents(INPUT, Path::new("t.yaml"));
+        assert!(errors.is_empty(), "{errors:?}");
+        let mut imports = Vec::new();
+        let mut slices = Vec::new();
+        for o in objects {
+            match o {
+                Manifest::ServiceImport(si) => imports.push(*si),
+                Manifest::EndpointSlice(s) => slices.push(*s),
+                _ => {}
+            }
+        }
+        (imports, slices)
+    }
+
+    fn verdicts(e: &Explanation) -> Vec<(&str, bool, &str)> {
+        e.clusters
+            .iter()
+            .map(|c| (c.cluster.as_str(), c.eligible, c.reason.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn each_cluster_gets_its_reason() {
+        let (imports, slices) = inputs();
+        let e = explain(
+            &imports,
+            &slices,
+            "241.0.0.10".parse().unwrap(),
+            9000,
+            Protocol::Tcp,
+        );
+        assert!(e.outcome.contains("2 backend(s)"), "{e}");
+        let v = verdicts(&e);
+        assert_eq!(
+            v[0],
+            ("a", true, "2 backend(s) on the slices' port \"admin\"")
+        );
+        assert!(
+            !v[1].1 && v[1].2.starts_with("does not declare port \"admin\""),
+            "{e}"
+        );
+        assert!(
+            !v[2].1 && v[2].2 == "does not serve IPv4 (no IPv4 EndpointSlices)",
+            "{e}"
+        );
+        assert!(!v[3].1 && v[3].2.starts_with("does not declare"), "{e}");
+
+        let http = explain(
+            &imports,
+            &slices,
+            "241.0.0.10".parse().unwrap(),
+            80,
+            Protocol::Tcp,
+        );
+        let v = verdicts(&http);
+        assert_eq!(
+            v.iter().filter(|c| c.1).map(|c| c.0).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        assert!(v[3].2.starts_with("no ready endpoints"), "{http}");
+
+        let v6 = explain(
+            &imports,
+            &slices,
+            "fd00:241::10".parse().unwrap(),
+            80,
+            Protocol::Tcp,
+        );
+        assert_eq!(
+            verdicts(&v6)
+                .iter()
+                .filter(|c| c.1)
+                .map(|c| c.0)
+                .collect::<Vec<_>>(),
+            ["c"]
+        );
+    }
+
+    #[test]
+    fn undeclared_ports_and_unknown_addresses_say_what_happens() {
+        let (imports, slices) = inputs();
+        let udp = explain(
+            &imports,
+            &slices,
+            "241.0.0.10".parse().unwrap(),
+            80,
+            Protocol::Udp,
+        );
+        assert_eq!(
+            udp.outcome,
+            "refused (ECONNREFUSED): demo/web serves 80/TCP, 9000/TCP only"
+        );
+        let other = explain(
+            &imports,
+            &slices,
+            "241.0.0.99".parse().unwrap(),
+            80,
+            Protocol::Tcp,
+        );
+        assert!(other.outcome.starts_with("not a ClusterSet IP"));
+        assert!(other.service.is_none());
+    }
+}
