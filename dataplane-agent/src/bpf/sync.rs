@@ -1169,6 +1169,7 @@ mod tests {
     }
 
     /// A table with one service per entry: (service, vip, [(port, [backends])]).
+    #[allow(clippy::type_complexity)] // a test table literal
     fn table(spec: &[(&str, IpAddr, Vec<(u16, Vec<Backend>)>)]) -> LbTable {
         let mut t = LbTable::default();
         for (name, vip, ports) in spec {

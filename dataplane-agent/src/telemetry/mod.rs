@@ -1,0 +1,39 @@
+//! Telemetry. Logging here: `tracing` with fields, as text or JSON; `log` records (aya-log's
+//! eBPF logs) are forwarded into `tracing`. [`metrics`]: Prometheus metrics; [`server`]: the
+//! `/metrics`, `/healthz` and `/readyz` endpoints.
+
+pub mod metrics;
+pub mod server;
+
+use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Installs the global subscriber. The filter comes from `RUST_LOG` (default `info`).
+pub fn init(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let registry = tracing_subscriber::registry().with(filter);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let installed = match format {
+        LogFormat::Text => registry
+            .with(fmt::layer().with_ansi(ansi).with_writer(std::io::stderr))
+            .try_init(),
+        LogFormat::Json => registry
+            .with(
+                fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_writer(std::io::stderr),
+            )
+            .try_init(),
+    };
+    if installed.is_ok() {
+        let _ = tracing_log::LogTracer::init();
+    }
+}
