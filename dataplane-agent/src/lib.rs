@@ -4,6 +4,7 @@
 
 pub mod bpf;
 pub mod cli;
+pub mod config;
 pub mod lb;
 pub mod merge;
 pub mod model;
