@@ -10,5 +10,6 @@ pub mod merge;
 pub mod model;
 pub mod plan;
 pub mod roles;
+pub mod sink;
 pub mod source;
 pub mod telemetry;

@@ -26,6 +26,11 @@ pub const LABEL_SOURCE_CLUSTER: &str = "multicluster.kubernetes.io/source-cluste
 pub const LABEL_MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
 /// Our value of [`LABEL_MANAGED_BY`] (never `endpointslice-controller.k8s.io`).
 pub const MANAGED_BY: &str = "mcs-dataplane.x-k8s.io";
+/// Recommended Kubernetes label naming the tool that manages an object; the controller puts it
+/// (with [`MANAGED_BY`]) on the ServiceImports it writes, and only ever deletes those.
+pub const LABEL_APP_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// The one server-side-apply field manager of every write the controller makes.
+pub const FIELD_MANAGER: &str = "mcs-dataplane";
 /// Standard EndpointSlice label naming the Service of a local slice.
 pub const LABEL_K8S_SERVICE_NAME: &str = "kubernetes.io/service-name";
 
