@@ -7,3 +7,4 @@ pub mod fake_apiserver;
 pub mod fixtures;
 pub mod netns;
 pub mod probe;
+pub mod tcp_proxy;
