@@ -150,7 +150,20 @@ pub async fn connect(
                     source,
                 }
             })?;
-            let id = cluster_id_from_property(client).await?;
+            // An API server that is away (or slow to come up) is waited for; a missing
+            // property is an error.
+            let mut backoff = Duration::from_millis(500);
+            let id = loop {
+                match cluster_id_from_property(client.clone()).await {
+                    Err(KubeModeError::ClusterProperty(e)) if !matches!(&e, kube::Error::Api(s) if s.code < 500) =>
+                    {
+                        warn!(error = %e, "cannot read the ClusterProperty {CLUSTER_ID_PROPERTY} yet; retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(30));
+                    }
+                    other => break other?,
+                }
+            };
             info!(cluster = %id, "local cluster id from the ClusterProperty {CLUSTER_ID_PROPERTY}");
             id
         }
