@@ -32,8 +32,8 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Detach the programs and remove the pinned links and maps.
     Uninstall(PinDirArg),
-    /// Print the ServiceExport and ServiceImport CRDs (YAML).
-    Crds,
+    /// Print the ServiceExport and ServiceImport CRDs (YAML), or write one file per CRD.
+    Crds(CrdsArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -161,6 +161,13 @@ pub struct PlanArgs {
     /// The importing cluster (default: the first cluster id in sorted order).
     #[arg(long)]
     pub cluster: Option<crate::model::ClusterId>,
+}
+
+#[derive(Args, Debug)]
+pub struct CrdsArgs {
+    /// Write `<crd name>.yaml` files into this directory instead of printing.
+    #[arg(long)]
+    pub out_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

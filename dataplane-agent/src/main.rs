@@ -95,9 +95,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Crds => {
+        Command::Crds(args) => {
             for crd in model::crds()? {
-                println!("---\n{}", serde_yaml::to_string(&crd)?.trim_end());
+                let yaml = serde_yaml::to_string(&crd)?;
+                match &args.out_dir {
+                    None => println!("---\n{}", yaml.trim_end()),
+                    Some(dir) => {
+                        let name = crd.metadata.name.as_deref().unwrap_or("crd");
+                        let path = dir.join(format!("{name}.yaml"));
+                        std::fs::write(&path, format!("{}{yaml}", model::CRD_HEADER))
+                            .with_context(|| format!("writing {}", path.display()))?;
+                    }
+                }
             }
             Ok(())
         }

@@ -334,6 +334,10 @@ pub mod v1alpha1 {
 
 pub use v1beta1::{ServiceExport, ServiceExportSpec, ServiceImport, ServiceImportSpec};
 
+/// First lines of the generated CRD files in `deploy/crds/`.
+pub const CRD_HEADER: &str =
+    "# Generated from dataplane-agent's model by `cargo xtask manifests`; do not edit.\n";
+
 /// The CRDs of both kinds, serving v1alpha1 and v1beta1 and storing v1beta1.
 pub fn crds() -> Result<
     Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>,
