@@ -424,6 +424,16 @@ leaderElection: {leaseName: l, leaseDuration: 4s, renewGrace: 1s}
     }
 
     #[test]
+    fn the_shipped_example_parses() {
+        let text = include_str!("../../deploy/examples/clusterset-config.yaml");
+        let cfg = parse(text).expect("deploy/examples/clusterset-config.yaml");
+        assert_eq!(cfg.local_cluster, Some(ClusterId::new("east").expect("id")));
+        assert_eq!(cfg.members.len(), 2);
+        assert_eq!(cfg.unreachable_grace, DEFAULT_UNREACHABLE_GRACE);
+        assert_eq!(cfg.clusterset.cidrs, ClusterSetCidrs::default());
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
