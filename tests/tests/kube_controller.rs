@@ -895,3 +895,29 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
     );
     Ok(())
 }
+
+/// The local cluster id from the ClusterProperty `cluster.clusterset.k8s.io` (KEP-2149), and a
+/// clear error when there is none.
+#[tokio::test]
+async fn cluster_id_comes_from_the_cluster_property() -> anyhow::Result<()> {
+    use dataplane_agent::roles::kube::{KubeModeError, cluster_id_from_property};
+    let srv = FakeApiServer::start().await?;
+    assert!(matches!(
+        cluster_id_from_property(srv.client()).await,
+        Err(KubeModeError::NoClusterId)
+    ));
+    srv.put(
+        &json!({"apiVersion": "about.k8s.io/v1alpha1", "kind": "ClusterProperty",
+        "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": "east"}}),
+    );
+    assert_eq!(cluster_id_from_property(srv.client()).await?, id("east"));
+    srv.put(
+        &json!({"apiVersion": "about.k8s.io/v1alpha1", "kind": "ClusterProperty",
+        "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": "Not_A_Label"}}),
+    );
+    assert!(matches!(
+        cluster_id_from_property(srv.client()).await,
+        Err(KubeModeError::BadClusterId(_))
+    ));
+    Ok(())
+}
