@@ -34,8 +34,8 @@ pub enum Command {
     Explain(ExplainArgs),
     /// Detach the programs and remove the pinned links and maps.
     Uninstall(PinDirArg),
-    /// Print the ServiceExport and ServiceImport CRDs (YAML).
-    Crds,
+    /// Print the ServiceExport and ServiceImport CRDs (YAML), or write one file per CRD.
+    Crds(CrdsArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -103,19 +103,56 @@ pub struct NodeArgs {
     pub dataplane: DataplaneArgs,
 }
 
+/// `run`: exactly one of `--clusterset-dir` (standalone) or `--config` (Kubernetes mode).
 #[derive(Args, Debug)]
+#[command(group(
+    clap::ArgGroup::new("source")
+        .required(true)
+        .args(["clusterset_dir", "config"])
+))]
 pub struct RunArgs {
-    /// ClusterSet directory: DIR/<cluster-id>/*.yaml and an optional DIR/clusterset.yaml.
+    /// Standalone: ClusterSet directory, DIR/<cluster-id>/*.yaml and an optional DIR/clusterset.yaml.
     #[arg(long)]
-    pub clusterset_dir: PathBuf,
-    /// The cluster this host belongs to (default: the first cluster id in sorted order).
+    pub clusterset_dir: Option<PathBuf>,
+    /// Kubernetes mode: the ClusterSet config file (members, kubeconfigs, CIDRs; docs/kubernetes.md).
     #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Standalone: the cluster this host belongs to (default: the first cluster id in sorted order).
+    #[arg(long, conflicts_with = "config")]
     pub cluster: Option<crate::model::ClusterId>,
-    /// Write the current ServiceImports and export conditions (YAML) here after every merge.
-    #[arg(long)]
+    /// Standalone: write the current ServiceImports and export conditions (YAML) here after every merge.
+    #[arg(long, conflicts_with = "config")]
     pub report: Option<PathBuf>,
+    /// Kubernetes mode: this agent's identity, the lease holder and Event reporter (default: the hostname).
+    #[arg(long, env = "POD_NAME", conflicts_with = "clusterset_dir")]
+    pub identity: Option<String>,
+    /// Kubernetes mode: the namespace of the controller Lease (the agent's namespace).
+    #[arg(
+        long,
+        env = "POD_NAMESPACE",
+        default_value = "mcs-system",
+        conflicts_with = "clusterset_dir"
+    )]
+    pub lease_namespace: String,
+    /// Kubernetes mode: address of /metrics, /healthz and /readyz.
+    #[arg(
+        long,
+        env = "MCS_METRICS_ADDRESS",
+        default_value = "0.0.0.0:9090",
+        conflicts_with = "clusterset_dir"
+    )]
+    pub metrics_address: std::net::SocketAddr,
     #[command(flatten)]
     pub dataplane: DataplaneArgs,
+}
+
+/// This host's name (the default identity).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "dataplane-agent".to_owned())
 }
 
 #[derive(Args, Debug)]
@@ -159,6 +196,13 @@ pub fn parse_frontend(s: &str) -> Result<(std::net::IpAddr, u16, crate::lb::Prot
         .parse()
         .map_err(|e| format!("{addr:?} is not IP:PORT or [IPv6]:PORT: {e}"))?;
     Ok((sock.ip(), sock.port(), protocol))
+}
+
+#[derive(Args, Debug)]
+pub struct CrdsArgs {
+    /// Write `<crd name>.yaml` files into this directory instead of printing.
+    #[arg(long)]
+    pub out_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

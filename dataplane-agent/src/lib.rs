@@ -4,11 +4,13 @@
 
 pub mod bpf;
 pub mod cli;
+pub mod config;
 pub mod explain;
 pub mod lb;
 pub mod merge;
 pub mod model;
 pub mod plan;
 pub mod roles;
+pub mod sink;
 pub mod source;
 pub mod telemetry;

@@ -4,9 +4,10 @@ use anyhow::Context as _;
 use clap::Parser as _;
 use dataplane_agent::{
     bpf::{inspect, loader},
-    cli::{Cli, Command},
+    cli::{self, Cli, Command},
+    config::AgentConfig,
     model, plan,
-    roles::{node, standalone},
+    roles::{kube, node, standalone},
     telemetry,
 };
 
@@ -38,15 +39,30 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Run(args) => {
             let cfg = args.dataplane.loader_config().map_err(anyhow::Error::msg)?;
+            if let Some(config_path) = &args.config {
+                let config = AgentConfig::read(config_path)?;
+                let options = kube::KubeModeOptions {
+                    identity: args.identity.clone().unwrap_or_else(cli::hostname),
+                    lease_namespace: args.lease_namespace.clone(),
+                    telemetry_address: args.metrics_address,
+                };
+                let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+                return rt
+                    .block_on(kube::run(config, config_path, options, cfg))
+                    .map_err(Into::into);
+            }
+            let Some(dir) = args.clusterset_dir.clone() else {
+                anyhow::bail!("run needs --clusterset-dir or --config");
+            };
             // Fail before touching the kernel when the directory cannot be merged at all.
-            plan::compute(&args.clusterset_dir, args.cluster.as_ref())
+            plan::compute(&dir, args.cluster.as_ref())
                 .context("reading the clusterset directory")?;
             let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
             rt.block_on(async move {
                 let node = node::Node::start(&cfg).context("installing the dataplane")?;
                 let (tx, rx) = tokio::sync::watch::channel(None::<Arc<node::NodeInputs>>);
                 tokio::spawn(standalone::watch_clusterset(
-                    args.clusterset_dir.clone(),
+                    dir,
                     args.cluster.clone(),
                     args.report.clone(),
                     tx,
@@ -104,9 +120,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Crds => {
+        Command::Crds(args) => {
             for crd in model::crds()? {
-                println!("---\n{}", serde_yaml::to_string(&crd)?.trim_end());
+                let yaml = serde_yaml::to_string(&crd)?;
+                match &args.out_dir {
+                    None => println!("---\n{}", yaml.trim_end()),
+                    Some(dir) => {
+                        let name = crd.metadata.name.as_deref().unwrap_or("crd");
+                        let path = dir.join(format!("{name}.yaml"));
+                        std::fs::write(&path, format!("{}{yaml}", model::CRD_HEADER))
+                            .with_context(|| format!("writing {}", path.display()))?;
+                    }
+                }
             }
             Ok(())
         }

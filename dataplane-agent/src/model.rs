@@ -26,6 +26,11 @@ pub const LABEL_SOURCE_CLUSTER: &str = "multicluster.kubernetes.io/source-cluste
 pub const LABEL_MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
 /// Our value of [`LABEL_MANAGED_BY`] (never `endpointslice-controller.k8s.io`).
 pub const MANAGED_BY: &str = "mcs-dataplane.x-k8s.io";
+/// Recommended Kubernetes label naming the tool that manages an object; the controller puts it
+/// (with [`MANAGED_BY`]) on the ServiceImports it writes, and only ever deletes those.
+pub const LABEL_APP_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// The one server-side-apply field manager of every write the controller makes.
+pub const FIELD_MANAGER: &str = "mcs-dataplane";
 /// Standard EndpointSlice label naming the Service of a local slice.
 pub const LABEL_K8S_SERVICE_NAME: &str = "kubernetes.io/service-name";
 
@@ -328,6 +333,10 @@ pub mod v1alpha1 {
 }
 
 pub use v1beta1::{ServiceExport, ServiceExportSpec, ServiceImport, ServiceImportSpec};
+
+/// First lines of the generated CRD files in `deploy/crds/`.
+pub const CRD_HEADER: &str =
+    "# Generated from dataplane-agent's model by `cargo xtask manifests`; do not edit.\n";
 
 /// The CRDs of both kinds, serving v1alpha1 and v1beta1 and storing v1beta1.
 pub fn crds() -> Result<

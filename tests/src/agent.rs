@@ -23,6 +23,15 @@ pub struct Agent {
 impl Agent {
     /// Starts `dataplane-agent <args> --pin-dir <topology pin dir> --cgroup <topology cgroup>`.
     pub fn start(topo: &Topology, args: &[&str]) -> anyhow::Result<Agent> {
+        Self::start_with_env(topo, args, &[])
+    }
+
+    /// [`start`](Self::start) with extra environment variables (e.g. `KUBECONFIG`).
+    pub fn start_with_env(
+        topo: &Topology,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Agent> {
         let n = fs::read_dir(&topo.dir).map(|d| d.count()).unwrap_or(0);
         let log = topo.dir.join(format!("agent-{n}.log"));
         let out = fs::File::create(&log)?;
@@ -33,6 +42,7 @@ impl Agent {
             .arg("--cgroup")
             .arg(&topo.cgroup)
             .env("RUST_LOG", "info,dataplane_agent=debug")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(out)
             .spawn()

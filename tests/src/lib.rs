@@ -8,3 +8,4 @@ pub mod fake_apiserver;
 pub mod fixtures;
 pub mod netns;
 pub mod probe;
+pub mod tcp_proxy;

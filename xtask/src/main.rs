@@ -5,8 +5,11 @@
 //! - `build`: builds the eBPF object (via the agent's build.rs), the agent and the test tools.
 //! - `test`: setup, then fmt, clippy, unit tests and the root-only integration tests.
 //! - `run -- ARGS`: builds and runs `dataplane-agent ARGS`.
+//! - `demo`: the standalone demo.
+//! - `manifests [--check]`: generates `deploy/crds/` from the Rust types.
 
 mod demo;
+mod manifests;
 mod setup;
 
 use std::process::Command;
@@ -48,6 +51,11 @@ enum Task {
         release: bool,
         #[arg(last = true)]
         args: Vec<String>,
+    },
+    /// Generate deploy/crds/*.yaml from the Rust types; with --check, fail when they differ.
+    Manifests {
+        #[arg(long)]
+        check: bool,
     },
     /// The standalone demo: three clusters in network namespaces, real traffic, a report.
     Demo {
@@ -137,6 +145,8 @@ fn test(no_setup: bool, args: &[String]) -> anyhow::Result<()> {
     run(cargo().args(["test", "-p", "dataplane-ebpf", "--lib"]))?;
     // The agent binary and the test tools must exist before the integration tests start them.
     build(false)?;
+    // The committed CRDs must be what the Rust types generate.
+    manifests::run(true)?;
     let mut cmd = cargo();
     cmd.args(["test", "--workspace", "--exclude", "dataplane-ebpf"])
         // Root-only tests fail instead of skipping: CI runs as root and must run them all.
@@ -155,6 +165,7 @@ fn main() -> anyhow::Result<()> {
             let dir = build(release)?;
             run(Command::new(dir.join("dataplane-agent")).args(args))
         }
+        Task::Manifests { check } => manifests::run(check),
         Task::Demo { dir, probes, wait } => demo::demo(dir, probes, wait),
     }
 }

@@ -186,9 +186,20 @@ pub async fn pump_bpf_logs(logger: aya_log::EbpfLogger<&'static dyn log::Log>) {
 /// Runs the node role until `shutdown` resolves, re-syncing on every new snapshot. The
 /// dataplane stays in place afterwards.
 pub async fn run(
+    node: Node,
+    inputs: watch::Receiver<Option<Arc<NodeInputs>>>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    run_with(node, inputs, shutdown, |_, _| {}).await
+}
+
+/// [`run`], calling `on_sync` with the report and duration of every sync (for metrics and the
+/// readiness probe).
+pub async fn run_with(
     mut node: Node,
     mut inputs: watch::Receiver<Option<Arc<NodeInputs>>>,
     shutdown: impl std::future::Future<Output = ()>,
+    mut on_sync: impl FnMut(&SyncReport, std::time::Duration),
 ) {
     if let Some(logger) = node.take_logger() {
         tokio::spawn(pump_bpf_logs(logger));
@@ -197,7 +208,9 @@ pub async fn run(
     loop {
         let snapshot = inputs.borrow_and_update().clone();
         if let Some(snapshot) = snapshot {
-            node.apply(&snapshot);
+            let started = Instant::now();
+            let report = node.apply(&snapshot);
+            on_sync(&report, started.elapsed());
         } else {
             info!("waiting for the initial ServiceImports and EndpointSlices before syncing");
         }

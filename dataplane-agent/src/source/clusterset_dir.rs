@@ -65,13 +65,68 @@ struct ConfigFile {
     clusters: BTreeMap<String, ClusterFile>,
 }
 
-#[derive(Deserialize)]
+/// `clusterSetCIDRs` as written in a file; also used by the agent's ClusterSet config
+/// ([`crate::config`]).
+#[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CidrsFile {
+pub(crate) struct CidrsFile {
     #[serde(default)]
-    ipv4: Option<Ipv4Net>,
+    pub(crate) ipv4: Option<Ipv4Net>,
     #[serde(default)]
-    ipv6: Option<Ipv6Net>,
+    pub(crate) ipv6: Option<Ipv6Net>,
+}
+
+impl CidrsFile {
+    /// The CIDRs, defaulted and checked: no host bits, at least two usable addresses.
+    pub(crate) fn resolve(self) -> Result<ClusterSetCidrs, String> {
+        let mut cidrs = ClusterSetCidrs::default();
+        if let Some(v4) = self.ipv4 {
+            if v4.network() != v4.addr() {
+                return Err(format!(
+                    "clusterSetCIDRs.ipv4 {v4} has host bits set (use {})",
+                    v4.trunc()
+                ));
+            }
+            if v4.prefix_len() > 30 {
+                return Err(format!(
+                    "clusterSetCIDRs.ipv4 {v4} is too small (at most /30)"
+                ));
+            }
+            cidrs.ipv4 = v4;
+        }
+        if let Some(v6) = self.ipv6 {
+            if v6.network() != v6.addr() {
+                return Err(format!(
+                    "clusterSetCIDRs.ipv6 {v6} has host bits set (use {})",
+                    v6.trunc()
+                ));
+            }
+            if v6.prefix_len() > 126 {
+                return Err(format!(
+                    "clusterSetCIDRs.ipv6 {v6} is too small (at most /126)"
+                ));
+            }
+            cidrs.ipv6 = v6;
+        }
+        Ok(cidrs)
+    }
+}
+
+/// A cluster's `ipFamilies`, defaulted to both and checked.
+pub(crate) fn cluster_families(
+    cluster: &ClusterId,
+    families: Option<Vec<IpFamily>>,
+) -> Result<Vec<IpFamily>, String> {
+    let families = families.unwrap_or_else(|| vec![IpFamily::IPv4, IpFamily::IPv6]);
+    if families.is_empty()
+        || families.len() > 2
+        || (families.len() == 2 && families[0] == families[1])
+    {
+        return Err(format!(
+            "clusters.{cluster}.ipFamilies must list IPv4 and/or IPv6 once each, got {families:?}"
+        ));
+    }
+    Ok(families)
 }
 
 #[derive(Deserialize)]
@@ -101,51 +156,15 @@ pub fn parse_config(text: &str, file: &Path) -> Result<ClusterSetConfig, Cluster
         ip_family_policy: None,
         clusters: BTreeMap::new(),
     });
-    let mut cidrs = ClusterSetCidrs::default();
-    if let Some(c) = raw.cluster_set_cidrs {
-        if let Some(v4) = c.ipv4 {
-            if v4.network() != v4.addr() {
-                return Err(err(format!(
-                    "clusterSetCIDRs.ipv4 {v4} has host bits set (use {})",
-                    v4.trunc()
-                )));
-            }
-            if v4.prefix_len() > 30 {
-                return Err(err(format!(
-                    "clusterSetCIDRs.ipv4 {v4} is too small (at most /30)"
-                )));
-            }
-            cidrs.ipv4 = v4;
-        }
-        if let Some(v6) = c.ipv6 {
-            if v6.network() != v6.addr() {
-                return Err(err(format!(
-                    "clusterSetCIDRs.ipv6 {v6} has host bits set (use {})",
-                    v6.trunc()
-                )));
-            }
-            if v6.prefix_len() > 126 {
-                return Err(err(format!(
-                    "clusterSetCIDRs.ipv6 {v6} is too small (at most /126)"
-                )));
-            }
-            cidrs.ipv6 = v6;
-        }
-    }
+    let cidrs = raw
+        .cluster_set_cidrs
+        .unwrap_or_default()
+        .resolve()
+        .map_err(err)?;
     let mut clusters = BTreeMap::new();
     for (id, c) in raw.clusters {
         let cluster = ClusterId::new(id).map_err(|e| err(format!("clusters: {e}")))?;
-        let families = c
-            .ip_families
-            .unwrap_or_else(|| vec![IpFamily::IPv4, IpFamily::IPv6]);
-        if families.is_empty()
-            || families.len() > 2
-            || (families.len() == 2 && families[0] == families[1])
-        {
-            return Err(err(format!(
-                "clusters.{cluster}.ipFamilies must list IPv4 and/or IPv6 once each, got {families:?}"
-            )));
-        }
+        let families = cluster_families(&cluster, c.ip_families).map_err(err)?;
         clusters.insert(cluster, families);
     }
     Ok(ClusterSetConfig {

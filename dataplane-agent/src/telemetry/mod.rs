@@ -1,5 +1,9 @@
-//! Logging: `tracing` with fields, as text or JSON; `log` records (aya-log's eBPF logs) are
-//! forwarded into `tracing`.
+//! Telemetry. Logging here: `tracing` with fields, as text or JSON; `log` records (aya-log's
+//! eBPF logs) are forwarded into `tracing`. [`metrics`]: Prometheus metrics; [`server`]: the
+//! `/metrics`, `/healthz` and `/readyz` endpoints.
+
+pub mod metrics;
+pub mod server;
 
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 

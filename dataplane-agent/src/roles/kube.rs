@@ -1,0 +1,316 @@
+//! Kubernetes mode (`run --config FILE`): what every DaemonSet pod runs.
+//!
+//! - the node role, fed by the local cluster's ServiceImports and imported EndpointSlices
+//!   ([`crate::source::kube::watch_node_inputs`]);
+//! - the controller role, only while this pod holds the `coordination.k8s.io` Lease
+//!   ([`crate::roles::controller::run_elected`], kube-lease-manager);
+//! - the telemetry server (`/metrics`, `/healthz`, `/readyz`).
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use kube::{
+    Api, Client,
+    api::{ApiResource, DynamicObject},
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use kube_lease_manager::{LeaseManagerBuilder, LeaseParams};
+use tokio::sync::{Notify, watch};
+use tracing::{error, info, warn};
+
+use super::{
+    controller::{self, ControllerSettings},
+    node::{self, Node, NodeInputs},
+};
+use crate::{
+    bpf::loader::LoaderConfig,
+    config::{AgentConfig, Member},
+    model::ClusterId,
+    source::kube::watch_node_inputs,
+    telemetry::{
+        metrics::Metrics,
+        server::{self, Health},
+    },
+};
+
+/// Name of the ClusterProperty holding the cluster id (KEP-2149).
+pub const CLUSTER_ID_PROPERTY: &str = "cluster.clusterset.k8s.io";
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeModeError {
+    #[error("member {cluster}: cannot read the kubeconfig {}: {source}", path.display())]
+    Kubeconfig {
+        cluster: String,
+        path: PathBuf,
+        source: kube::config::KubeconfigError,
+    },
+    #[error("cannot find the local cluster's API server (in-cluster config or KUBECONFIG): {0}")]
+    Infer(#[from] kube::config::InferConfigError),
+    #[error("member {cluster}: cannot build a client: {source}")]
+    Client {
+        cluster: String,
+        source: kube::Error,
+    },
+    #[error("reading the ClusterProperty {CLUSTER_ID_PROPERTY}: {0}")]
+    ClusterProperty(kube::Error),
+    #[error(
+        "no localCluster in the config and no ClusterProperty {CLUSTER_ID_PROPERTY} (about.k8s.io/v1alpha1) with a spec.value in the local cluster"
+    )]
+    NoClusterId,
+    #[error("ClusterProperty {CLUSTER_ID_PROPERTY}: {0}")]
+    BadClusterId(#[from] crate::model::InvalidClusterId),
+    #[error("{0}")]
+    Config(String),
+    #[error("binding the telemetry server on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Node(#[from] node::NodeError),
+}
+
+/// The settings that come from the command line and the pod, not from the config file.
+#[derive(Clone, Debug)]
+pub struct KubeModeOptions {
+    /// This pod's name: the lease holder identity and the Events' reporting instance.
+    pub identity: String,
+    /// The namespace of the Lease (the agent's own namespace).
+    pub lease_namespace: String,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    pub telemetry_address: SocketAddr,
+}
+
+/// A kube client for `member`; `relative_to` resolves a relative kubeconfig path (the config
+/// file's directory).
+pub async fn member_client(member: &Member, relative_to: &Path) -> Result<Client, KubeModeError> {
+    let config = match &member.kubeconfig {
+        Some(path) => {
+            let path = relative_to.join(path);
+            let fail = |source| KubeModeError::Kubeconfig {
+                cluster: member.id.to_string(),
+                path: path.clone(),
+                source,
+            };
+            let kubeconfig = Kubeconfig::read_from(&path).map_err(fail)?;
+            let options = KubeConfigOptions {
+                context: member.context.clone(),
+                ..Default::default()
+            };
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .map_err(fail)?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Client::try_from(config).map_err(|source| KubeModeError::Client {
+        cluster: member.id.to_string(),
+        source,
+    })
+}
+
+/// The cluster id from the ClusterProperty `cluster.clusterset.k8s.io` (`spec.value`).
+pub async fn cluster_id_from_property(client: Client) -> Result<ClusterId, KubeModeError> {
+    let resource = ApiResource {
+        group: "about.k8s.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "about.k8s.io/v1alpha1".into(),
+        kind: "ClusterProperty".into(),
+        plural: "clusterproperties".into(),
+    };
+    let api: Api<DynamicObject> = Api::all_with(client, &resource);
+    let property = api
+        .get_opt(CLUSTER_ID_PROPERTY)
+        .await
+        .map_err(KubeModeError::ClusterProperty)?
+        .ok_or(KubeModeError::NoClusterId)?;
+    let value = property
+        .data
+        .pointer("/spec/value")
+        .and_then(|v| v.as_str())
+        .ok_or(KubeModeError::NoClusterId)?;
+    Ok(ClusterId::new(value)?)
+}
+
+/// The local cluster id and a client for every member (the local one included).
+pub async fn connect(
+    config: &AgentConfig,
+    config_dir: &Path,
+) -> Result<(ClusterId, Vec<(ClusterId, Client)>), KubeModeError> {
+    let local = match &config.local_cluster {
+        Some(id) => id.clone(),
+        None => {
+            let client = Client::try_from(kube::Config::infer().await?).map_err(|source| {
+                KubeModeError::Client {
+                    cluster: "local".into(),
+                    source,
+                }
+            })?;
+            // An API server that is away (or slow to come up) is waited for; a missing
+            // property is an error.
+            let mut backoff = Duration::from_millis(500);
+            let id = loop {
+                match cluster_id_from_property(client.clone()).await {
+                    Err(KubeModeError::ClusterProperty(e)) if !matches!(&e, kube::Error::Api(s) if s.code < 500) =>
+                    {
+                        warn!(error = %e, "cannot read the ClusterProperty {CLUSTER_ID_PROPERTY} yet; retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(30));
+                    }
+                    other => break other?,
+                }
+            };
+            info!(cluster = %id, "local cluster id from the ClusterProperty {CLUSTER_ID_PROPERTY}");
+            id
+        }
+    };
+    config.check_local(&local).map_err(KubeModeError::Config)?;
+    let mut clients = Vec::new();
+    for member in &config.members {
+        clients.push((member.id.clone(), member_client(member, config_dir).await?));
+    }
+    Ok((local, clients))
+}
+
+/// Holds the lease and runs the controller while it does, until `shutdown` is notified; then
+/// releases the lease. Building the lease manager is retried while the API server is away.
+pub async fn elect_and_control(
+    settings: Arc<ControllerSettings>,
+    members: Vec<(ClusterId, Client)>,
+    metrics: Arc<Metrics>,
+    lease: crate::config::LeaderElection,
+    lease_namespace: String,
+    shutdown: Arc<Notify>,
+) {
+    let Some(local_client) = members
+        .iter()
+        .find(|(id, _)| id == &settings.local)
+        .map(|(_, c)| c.clone())
+    else {
+        return;
+    };
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let built = LeaseManagerBuilder::new(local_client.clone(), lease.lease_name.clone())
+            .with_namespace(lease_namespace.clone())
+            .with_parameters(LeaseParams::new(
+                settings.identity.clone(),
+                lease.lease_duration.as_secs(),
+                lease.renew_grace.as_secs(),
+            ))
+            .build()
+            .await;
+        let manager = match built {
+            Ok(m) => m,
+            Err(e) => {
+                warn!(error = %e, "cannot set up the controller lease; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = shutdown.notified() => return,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(500);
+        let (leader, task) = manager.watch().await;
+        let control = controller::run_elected(
+            settings.clone(),
+            members.clone(),
+            metrics.clone(),
+            leader.clone(),
+        );
+        tokio::select! {
+            () = control => {
+                warn!("the lease manager stopped; setting it up again");
+            }
+            () = shutdown.notified() => {
+                // Dropping the last receiver makes the manager release the lease.
+                drop(leader);
+                metrics.leader.set(0);
+                match tokio::time::timeout(Duration::from_secs(5), task).await {
+                    Ok(Ok(Ok(_))) => info!("released the controller lease"),
+                    Ok(Ok(Err(e))) => warn!(error = %e, "releasing the controller lease failed"),
+                    _ => warn!("releasing the controller lease did not finish"),
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// Runs Kubernetes mode until SIGTERM/SIGINT: node role, elected controller, telemetry.
+pub async fn run(
+    config: AgentConfig,
+    config_path: &Path,
+    options: KubeModeOptions,
+    loader: LoaderConfig,
+) -> Result<(), KubeModeError> {
+    let config_dir = config_path
+        .parent()
+        .map(Path::to_owned)
+        .unwrap_or_else(|| PathBuf::from("."));
+    let (local, members) = connect(&config, &config_dir).await?;
+    info!(local = %local, members = members.len(), identity = %options.identity, "kubernetes mode");
+    let metrics = Arc::new(Metrics::new(Some(loader.pin_dir.clone())));
+    let health = Arc::new(Health::default());
+    let (listener, addr) = server::bind(options.telemetry_address)
+        .await
+        .map_err(|source| KubeModeError::Bind {
+            addr: options.telemetry_address,
+            source,
+        })?;
+    info!(%addr, "serving /metrics, /healthz and /readyz");
+    let telemetry = tokio::spawn(server::serve(listener, metrics.clone(), health.clone()));
+
+    let node = Node::start(&loader)?;
+    let local_client = members
+        .iter()
+        .find(|(id, _)| id == &local)
+        .map(|(_, c)| c.clone())
+        .ok_or_else(|| KubeModeError::Config(format!("{local} is not a member")))?;
+    let (tx, rx) = watch::channel(None::<Arc<NodeInputs>>);
+    let source = tokio::spawn(watch_node_inputs(
+        local.clone(),
+        local_client,
+        metrics.clone(),
+        tx,
+    ));
+
+    let settings = Arc::new(ControllerSettings {
+        local,
+        clusterset: config.clusterset.clone(),
+        unreachable_grace: config.unreachable_grace,
+        probe_interval: config.probe_interval,
+        identity: options.identity.clone(),
+    });
+    let stop_controller = Arc::new(Notify::new());
+    let control = tokio::spawn(elect_and_control(
+        settings,
+        members,
+        metrics.clone(),
+        config.leader_election.clone(),
+        options.lease_namespace.clone(),
+        stop_controller.clone(),
+    ));
+
+    let (m, h) = (metrics.clone(), health.clone());
+    node::run_with(node, rx, node::shutdown_signal(), move |report, elapsed| {
+        m.observe_map_sync(elapsed, report.failed.len());
+        h.set_ready();
+    })
+    .await;
+    if source.is_finished() {
+        error!("the ServiceImport/EndpointSlice source stopped");
+    }
+    // SIGTERM: give the lease back so another pod takes over at once.
+    stop_controller.notify_one();
+    let _ = tokio::time::timeout(Duration::from_secs(6), control).await;
+    telemetry.abort();
+    source.abort();
+    Ok(())
+}

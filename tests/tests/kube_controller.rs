@@ -1,0 +1,923 @@
+//! The controller role against fake API servers, one per member cluster (`east`, `west`): the
+//! real kube-runtime watchers, the merge, the server-side-apply writers, leader election with
+//! kube-lease-manager. The controllers run in-process. Also the exact HTTP requests of the
+//! writers, with a tower-test mock.
+
+use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
+
+use dataplane_agent::{
+    config::LeaderElection,
+    merge::{ClusterSetConfig, ClusterSnapshot},
+    model::{
+        ClusterId, EndpointSlice, FIELD_MANAGER, LABEL_APP_MANAGED_BY, LABEL_MANAGED_BY,
+        LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, MANAGED_BY, Service, ServiceExport,
+        ServiceImport,
+    },
+    roles::{
+        controller::{self, ControllerSettings, EVENT_CONFLICT, EVENT_RESOLVED, Observed},
+        kube::elect_and_control,
+    },
+    sink::kube::{Action, KubeSink},
+    source::kube::AbortOnDrop,
+    telemetry::metrics::Metrics,
+};
+use http::{Method, StatusCode};
+use k8s_openapi::{
+    api::{coordination::v1::Lease, events::v1::Event},
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+};
+use kube::ResourceExt as _;
+use serde_json::{Value, json};
+use tests::{
+    fake_apiserver::{FakeApiServer, RecordedRequest},
+    fixtures::{APPLY_PATCH, ExpectedRequest, JSON, eventually, mock_client},
+    tcp_proxy::TcpProxy,
+};
+use tokio::sync::Notify;
+
+const WAIT: Duration = Duration::from_secs(20);
+const NS: &str = "demo";
+
+fn id(s: &str) -> ClusterId {
+    ClusterId::new(s).expect("cluster id")
+}
+
+fn service(name: &str, port: i32) -> Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.10", "ipFamilies": ["IPv4"],
+                 "ports": [{"name": "http", "protocol": "TCP", "port": port, "targetPort": 8080}]}})
+}
+
+fn export(name: &str, created: &str) -> Value {
+    json!({"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
+        "metadata": {"name": name, "namespace": NS, "creationTimestamp": created}})
+}
+
+fn local_slice(service: &str, cluster: &str, ips: &[&str]) -> Value {
+    let endpoints: Vec<Value> = ips
+        .iter()
+        .map(|ip| json!({"addresses": [ip], "conditions": {"ready": true}}))
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{service}-{cluster}-local"), "namespace": NS,
+                     "labels": {"kubernetes.io/service-name": service}},
+        "addressType": "IPv4", "endpoints": endpoints,
+        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})
+}
+
+/// `web` exported from `cluster` with one endpoint per address.
+fn seed(srv: &FakeApiServer, cluster: &str, created: &str, ips: &[&str]) {
+    srv.put(&service("web", 80));
+    srv.put(&export("web", created));
+    srv.put(&local_slice("web", cluster, ips));
+}
+
+/// A controller running in-process for `local`.
+struct Controller {
+    metrics: Arc<Metrics>,
+    _task: AbortOnDrop,
+}
+
+fn settings(local: &str, grace: Duration) -> Arc<ControllerSettings> {
+    Arc::new(ControllerSettings {
+        local: id(local),
+        clusterset: ClusterSetConfig::default(),
+        unreachable_grace: grace,
+        probe_interval: Duration::from_millis(100),
+        identity: format!("{local}-agent"),
+    })
+}
+
+fn start(local: &str, members: &[(&str, &FakeApiServer)], grace: Duration) -> Controller {
+    let metrics = Arc::new(Metrics::default());
+    let members = members.iter().map(|(n, s)| (id(n), s.client())).collect();
+    let task = tokio::spawn(controller::run(
+        settings(local, grace),
+        members,
+        metrics.clone(),
+    ));
+    Controller {
+        metrics,
+        _task: AbortOnDrop(task),
+    }
+}
+
+fn condition<'a>(conds: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conds.iter().find(|c| c.type_ == type_)
+}
+
+fn export_conditions(srv: &FakeApiServer, name: &str) -> Vec<Condition> {
+    srv.get::<ServiceExport>(NS, name)
+        .and_then(|e| e.status)
+        .map(|s| s.conditions)
+        .unwrap_or_default()
+}
+
+/// (type, status, reason) of a ServiceExport's conditions, sorted.
+fn export_summary(srv: &FakeApiServer, name: &str) -> Vec<(String, String, String)> {
+    let mut v: Vec<_> = export_conditions(srv, name)
+        .into_iter()
+        .map(|c| (c.type_, c.status, c.reason))
+        .collect();
+    v.sort();
+    v
+}
+
+fn summary(items: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
+    let mut v: Vec<_> = items
+        .iter()
+        .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+        .collect();
+    v.sort();
+    v
+}
+
+fn no_conflict() -> Vec<(String, String, String)> {
+    summary(&[
+        ("Conflict", "False", "NoConflicts"),
+        ("Ready", "True", "Ready"),
+        ("Valid", "True", "Valid"),
+    ])
+}
+
+/// The imported slices of `service` in a cluster: source cluster -> sorted addresses.
+fn imported(srv: &FakeApiServer, service: &str) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for s in srv.list::<EndpointSlice>() {
+        let labels = s.labels();
+        if labels.get(LABEL_SERVICE_NAME).map(String::as_str) != Some(service) {
+            continue;
+        }
+        let cluster = labels
+            .get(LABEL_SOURCE_CLUSTER)
+            .cloned()
+            .unwrap_or_default();
+        let ips = out.entry(cluster).or_default();
+        ips.extend(s.endpoints.iter().flat_map(|e| e.addresses.clone()));
+        ips.sort();
+    }
+    out
+}
+
+fn expect_imported(pairs: &[(&str, &[&str])]) -> BTreeMap<String, Vec<String>> {
+    pairs
+        .iter()
+        .map(|(c, ips)| (c.to_string(), ips.iter().map(|s| s.to_string()).collect()))
+        .collect()
+}
+
+fn ready_import(srv: &FakeApiServer, name: &str) -> Option<ServiceImport> {
+    srv.get::<ServiceImport>(NS, name).filter(|si| {
+        si.status
+            .as_ref()
+            .and_then(|s| condition(&s.conditions, "Ready"))
+            .is_some_and(|c| c.status == "True")
+    })
+}
+
+/// Writes of the controller (not the lease, not events): SSA patches and deletes of imports,
+/// slices and exports.
+fn controller_writes(srv: &FakeApiServer) -> Vec<RecordedRequest> {
+    srv.requests()
+        .into_iter()
+        .filter(|r| {
+            r.is_write()
+                && ["/serviceimports/", "/endpointslices/", "/serviceexports/"]
+                    .iter()
+                    .any(|p| r.path.contains(p))
+        })
+        .collect()
+}
+
+fn describe(reqs: &[RecordedRequest]) -> Vec<String> {
+    reqs.iter()
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect()
+}
+
+fn events(srv: &FakeApiServer) -> Vec<(String, String, String)> {
+    let mut v: Vec<_> = srv
+        .list::<Event>()
+        .into_iter()
+        .map(|e| {
+            (
+                e.regarding.and_then(|r| r.name).unwrap_or_default(),
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Waits until both clusters import `web` from both, with no conflict.
+async fn converged(
+    east: &FakeApiServer,
+    west: &FakeApiServer,
+    east_ips: &[&str],
+    west_ips: &[&str],
+) -> anyhow::Result<()> {
+    let want = expect_imported(&[("east", east_ips), ("west", west_ips)]);
+    for srv in [east, west] {
+        srv.wait_until(WAIT, "web is imported from both clusters", |s| {
+            ready_import(s, "web").is_some()
+                && imported(s, "web") == want
+                && export_summary(s, "web") == no_conflict()
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+const T_EAST: &str = "2026-01-01T00:00:00Z";
+const T_WEST: &str = "2026-01-02T00:00:00Z";
+
+/// 1: an export in two clusters gives the ServiceImport and imported slices in both clusters,
+/// and the conditions on both exports, all written by server-side apply with one field manager.
+#[tokio::test]
+async fn export_in_two_clusters_is_imported_into_both() -> anyhow::Result<()> {
+    let (east, west) = (FakeApiServer::start().await?, FakeApiServer::start().await?);
+    seed(&east, "east", T_EAST, &["10.1.0.1", "10.1.0.2"]);
+    seed(&west, "west", T_WEST, &["10.2.0.1"]);
+    let members = [("east", &east), ("west", &west)];
+    let _e = start("east", &members, Duration::from_secs(300));
+    let _w = start("west", &members, Duration::from_secs(300));
+    converged(&east, &west, &["10.1.0.1", "10.1.0.2"], &["10.2.0.1"]).await?;
+
+    for (srv, name) in [(&east, "east"), (&west, "west")] {
+        let si = srv.get::<ServiceImport>(NS, "web").expect("import");
+        assert_eq!(si.spec.type_.to_string(), "ClusterSetIP", "{name}");
+        assert_eq!(si.spec.ports.len(), 1);
+        assert_eq!(
+            (si.spec.ports[0].name.as_deref(), si.spec.ports[0].port),
+            (Some("http"), 80)
+        );
+        assert_eq!(si.spec.ips.len(), 1, "one IPv4 ClusterSet IP");
+        assert!(si.spec.ips[0].starts_with("241.0."), "{:?}", si.spec.ips);
+        let status = si.status.as_ref().expect("status");
+        let clusters: Vec<&str> = status.clusters.iter().map(|c| c.cluster.as_str()).collect();
+        assert_eq!(clusters, ["east", "west"]);
+        assert_eq!(
+            si.labels().get(LABEL_APP_MANAGED_BY).map(String::as_str),
+            Some(MANAGED_BY)
+        );
+        for s in srv.list::<EndpointSlice>() {
+            if s.labels().contains_key(LABEL_SERVICE_NAME) {
+                assert_eq!(
+                    s.labels().get(LABEL_MANAGED_BY).map(String::as_str),
+                    Some(MANAGED_BY)
+                );
+                let port = &s.ports.as_ref().expect("ports")[0];
+                assert_eq!(
+                    (port.name.as_deref(), port.port),
+                    (Some("http"), Some(8080))
+                );
+            }
+        }
+        // Every write is a forced server-side apply (or a delete) with the one field manager.
+        let writes = controller_writes(srv);
+        assert!(!writes.is_empty());
+        for w in &writes {
+            assert_eq!(w.method, Method::PATCH, "{w:?}");
+            assert_eq!(w.content_type.as_deref(), Some(APPLY_PATCH));
+            assert_eq!(w.param("fieldManager").as_deref(), Some(FIELD_MANAGER));
+            assert_eq!(w.param("force").as_deref(), Some("true"));
+        }
+        assert!(
+            writes.iter().any(|w| w.path
+                == format!(
+                    "/apis/multicluster.x-k8s.io/v1beta1/namespaces/{NS}/serviceexports/web/status"
+                )),
+            "conditions go through the status subresource: {:?}",
+            describe(&writes)
+        );
+        // Each object was written once: the controller compares before it applies.
+        let mut paths = describe(&writes);
+        let n = paths.len();
+        paths.sort();
+        paths.dedup();
+        assert_eq!(paths.len(), n, "a write repeated: {:?}", describe(&writes));
+    }
+    Ok(())
+}
+
+/// 2: changing one cluster's port raises PortConflict on both exports, with an Event; reverting
+/// clears it, with an Event; lastTransitionTime moves only for the condition that changed.
+#[tokio::test]
+async fn port_conflict_appears_on_both_exports_and_clears() -> anyhow::Result<()> {
+    let (east, west) = (FakeApiServer::start().await?, FakeApiServer::start().await?);
+    seed(&east, "east", T_EAST, &["10.1.0.1"]);
+    seed(&west, "west", T_WEST, &["10.2.0.1"]);
+    let members = [("east", &east), ("west", &west)];
+    let _e = start("east", &members, Duration::from_secs(300));
+    let _w = start("west", &members, Duration::from_secs(300));
+    converged(&east, &west, &["10.1.0.1"], &["10.2.0.1"]).await?;
+    let valid_before = condition(&export_conditions(&east, "web"), "Valid")
+        .expect("Valid")
+        .last_transition_time
+        .clone();
+
+    west.put(&service("web", 81));
+    let conflicted = summary(&[
+        ("Conflict", "True", "PortConflict"),
+        ("Ready", "True", "Ready"),
+        ("Valid", "True", "Valid"),
+    ]);
+    for srv in [&east, &west] {
+        srv.wait_until(WAIT, "PortConflict on the export", |s| {
+            export_summary(s, "web") == conflicted
+                && events(s).contains(&("web".into(), "Warning".into(), EVENT_CONFLICT.into()))
+        })
+        .await?;
+        let conds = export_conditions(srv, "web");
+        let message = &condition(&conds, "Conflict").expect("Conflict").message;
+        assert!(message.contains("\"west\""), "names the cluster: {message}");
+    }
+    // The oldest definition (east's :80) wins in both clusters; west's :81 is dropped.
+    for srv in [&east, &west] {
+        let si = srv.get::<ServiceImport>(NS, "web").expect("import");
+        let ports: Vec<i32> = si.spec.ports.iter().map(|p| p.port).collect();
+        assert_eq!(ports, [80]);
+    }
+    assert_eq!(
+        condition(&export_conditions(&east, "web"), "Valid")
+            .expect("Valid")
+            .last_transition_time,
+        valid_before,
+        "Valid did not change status, so its lastTransitionTime stays"
+    );
+
+    west.put(&service("web", 80));
+    for srv in [&east, &west] {
+        srv.wait_until(WAIT, "the conflict clears", |s| {
+            export_summary(s, "web") == no_conflict()
+                && events(s).contains(&("web".into(), "Normal".into(), EVENT_RESOLVED.into()))
+        })
+        .await?;
+        assert_eq!(
+            events(srv),
+            vec![
+                ("web".into(), "Normal".into(), EVENT_RESOLVED.into()),
+                ("web".into(), "Warning".into(), EVENT_CONFLICT.into()),
+            ],
+            "one event when the conflict appears and one when it clears"
+        );
+    }
+    converged(&east, &west, &["10.1.0.1"], &["10.2.0.1"]).await?;
+    Ok(())
+}
+
+/// 3: unexporting everywhere deletes the import and the imported slices, and only ours.
+#[tokio::test]
+async fn unexporting_everywhere_deletes_import_and_slices() -> anyhow::Result<()> {
+    let (east, west) = (FakeApiServer::start().await?, FakeApiServer::start().await?);
+    seed(&east, "east", T_EAST, &["10.1.0.1"]);
+    seed(&west, "west", T_WEST, &["10.2.0.1"]);
+    // Someone else's import and imported slice, without our managed-by label.
+    east.put(
+        &json!({"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceImport",
+        "metadata": {"name": "theirs", "namespace": NS},
+        "spec": {"type": "ClusterSetIP", "ports": [{"port": 1}]}}),
+    );
+    east.put(
+        &json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "theirs-x", "namespace": NS,
+            "labels": {LABEL_SERVICE_NAME: "theirs", LABEL_MANAGED_BY: "someone-else"}},
+        "addressType": "IPv4", "endpoints": []}),
+    );
+    let members = [("east", &east), ("west", &west)];
+    let _e = start("east", &members, Duration::from_secs(300));
+    let _w = start("west", &members, Duration::from_secs(300));
+    converged(&east, &west, &["10.1.0.1"], &["10.2.0.1"]).await?;
+
+    // One export left: the import stays, with only east's endpoints.
+    west.delete::<ServiceExport>(NS, "web");
+    for srv in [&east, &west] {
+        srv.wait_until(WAIT, "only east is imported", |s| {
+            imported(s, "web") == expect_imported(&[("east", &["10.1.0.1"])])
+                && s.get::<ServiceImport>(NS, "web").is_some_and(|si| {
+                    si.status.is_some_and(|st| {
+                        st.clusters
+                            .iter()
+                            .map(|c| c.cluster.as_str())
+                            .collect::<Vec<_>>()
+                            == ["east"]
+                    })
+                })
+        })
+        .await?;
+    }
+    east.delete::<ServiceExport>(NS, "web");
+    for srv in [&east, &west] {
+        srv.wait_until(WAIT, "the import and its slices are gone", |s| {
+            s.get::<ServiceImport>(NS, "web").is_none() && imported(s, "web").is_empty()
+        })
+        .await?;
+    }
+    assert!(
+        east.get::<ServiceImport>(NS, "theirs").is_some(),
+        "not ours: kept"
+    );
+    assert!(
+        east.get::<EndpointSlice>(NS, "theirs-x").is_some(),
+        "not ours: kept"
+    );
+    let deletes: Vec<String> = controller_writes(&east)
+        .into_iter()
+        .filter(|r| r.method == Method::DELETE)
+        .map(|r| r.path)
+        .collect();
+    assert_eq!(
+        deletes,
+        [
+            format!("/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices/web-west-ipv4"),
+            format!("/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices/web-east-ipv4"),
+            format!("/apis/multicluster.x-k8s.io/v1beta1/namespaces/{NS}/serviceimports/web"),
+        ]
+    );
+    Ok(())
+}
+
+/// 4: the API servers restart mid-watch (watch cache lost: 410 Gone, re-list). The controllers
+/// converge on a change made during the restart, writing only what changed, once.
+#[tokio::test]
+async fn api_server_restart_converges_without_duplicate_writes() -> anyhow::Result<()> {
+    let (east, west) = (FakeApiServer::start().await?, FakeApiServer::start().await?);
+    seed(&east, "east", T_EAST, &["10.1.0.1"]);
+    seed(&west, "west", T_WEST, &["10.2.0.1"]);
+    let members = [("east", &east), ("west", &west)];
+    let e = start("east", &members, Duration::from_secs(300));
+    let _w = start("west", &members, Duration::from_secs(300));
+    converged(&east, &west, &["10.1.0.1"], &["10.2.0.1"]).await?;
+
+    east.clear_requests();
+    west.clear_requests();
+    east.restart().await;
+    west.restart().await;
+    // A change racing the re-lists: a second endpoint in west.
+    west.put(&local_slice("web", "west", &["10.2.0.1", "10.2.0.2"]));
+    converged(&east, &west, &["10.1.0.1"], &["10.2.0.1", "10.2.0.2"]).await?;
+    // A later, unrelated change that both controllers must see: when it is done, every write
+    // caused by the restart and the first change has been made.
+    west.put(&service("db", 5432));
+    west.put(&export("db", T_WEST));
+    for srv in [&east, &west] {
+        srv.wait_until(WAIT, "db is imported", |s| ready_import(s, "db").is_some())
+            .await?;
+    }
+    for (srv, name) in [(&east, "east"), (&west, "west")] {
+        let reqs = srv.requests();
+        assert!(
+            reqs.iter().any(|r| r.method == Method::GET
+                && !r.is_watch()
+                && r.path.ends_with("/endpointslices")),
+            "{name}: the watchers re-listed after 410 Gone"
+        );
+        let web: Vec<String> = describe(&controller_writes(srv))
+            .into_iter()
+            .filter(|w| w.contains("/web"))
+            .collect();
+        assert_eq!(
+            web,
+            [format!(
+                "PATCH /apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices/web-west-ipv4"
+            )],
+            "{name}: only west's imported slice changed, and it is written once"
+        );
+    }
+    assert!(
+        e.metrics
+            .encode()
+            .contains("mcs_watch_restarts_total{cluster=\"east\""),
+        "the 410s are counted"
+    );
+    Ok(())
+}
+
+/// An agent of the east cluster with leader election, reaching east through a proxy that the
+/// test can cut (pod loss: nothing is released).
+struct ElectedAgent {
+    name: String,
+    metrics: Arc<Metrics>,
+    proxy: TcpProxy,
+    task: AbortOnDrop,
+}
+
+async fn elected(
+    name: &str,
+    east: &FakeApiServer,
+    west: &FakeApiServer,
+) -> anyhow::Result<ElectedAgent> {
+    let target: SocketAddr = east.url().trim_start_matches("http://").parse()?;
+    let proxy = TcpProxy::start(target).await?;
+    let metrics = Arc::new(Metrics::default());
+    let mut s = (*settings("east", Duration::from_secs(300))).clone();
+    s.identity = name.to_owned();
+    let task = tokio::spawn(elect_and_control(
+        Arc::new(s),
+        vec![(id("east"), proxy.client()), (id("west"), west.client())],
+        metrics.clone(),
+        LeaderElection {
+            lease_name: "mcs-dataplane-controller".into(),
+            lease_duration: Duration::from_secs(3),
+            renew_grace: Duration::from_secs(1),
+        },
+        "mcs-system".into(),
+        Arc::new(Notify::new()),
+    ));
+    Ok(ElectedAgent {
+        name: name.to_owned(),
+        metrics,
+        proxy,
+        task: AbortOnDrop(task),
+    })
+}
+
+fn leader_gauge(m: &Metrics) -> i64 {
+    m.leader.get()
+}
+
+fn holder(srv: &FakeApiServer) -> Option<String> {
+    srv.get::<Lease>("mcs-system", "mcs-dataplane-controller")?
+        .spec?
+        .holder_identity
+}
+
+/// 5: with two agents only the lease holder writes; when it is lost (its network cut, nothing
+/// released), the other takes over within the lease duration and carries on.
+#[tokio::test]
+async fn only_the_leader_writes_and_leadership_moves_on_pod_loss() -> anyhow::Result<()> {
+    let (east, west) = (FakeApiServer::start().await?, FakeApiServer::start().await?);
+    seed(&east, "east", T_EAST, &["10.1.0.1"]);
+    seed(&west, "west", T_WEST, &["10.2.0.1"]);
+    let a = elected("agent-a", &east, &west).await?;
+    let b = elected("agent-b", &east, &west).await?;
+    east.wait_until(WAIT, "web is imported", |s| {
+        ready_import(s, "web").is_some()
+            && imported(s, "web")
+                == expect_imported(&[("east", &["10.1.0.1"]), ("west", &["10.2.0.1"])])
+            && export_summary(s, "web") == no_conflict()
+    })
+    .await?;
+    let leader_name = holder(&east).expect("a lease holder");
+    let (leader, follower) = if leader_name == a.name {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    assert_eq!(leader_gauge(&leader.metrics), 1);
+    assert_eq!(leader_gauge(&follower.metrics), 0);
+    // Every write the server saw is the leader's (its counter catches up right after the
+    // responses), and the follower made none.
+    eventually(
+        WAIT,
+        "the leader counted every write the server saw",
+        || (leader.metrics.writes_total() == controller_writes(&east).len() as u64).then_some(()),
+    )
+    .await?;
+    assert!(leader.metrics.writes_total() >= 4);
+    assert_eq!(follower.metrics.writes_total(), 0, "the follower wrote");
+
+    // Pod loss: the leader's connections die and it never releases the lease.
+    let lost_at = tokio::time::Instant::now();
+    leader.proxy.cut();
+    drop(leader.task);
+    let follower_name = follower.name.clone();
+    east.wait_until(WAIT, "the follower holds the lease", |s| {
+        holder(s).as_deref() == Some(follower_name.as_str())
+    })
+    .await?;
+    assert!(
+        lost_at.elapsed() < Duration::from_secs(3) + Duration::from_secs(3),
+        "handed over within the lease duration (plus the renew interval): {:?}",
+        lost_at.elapsed()
+    );
+    eventually(WAIT, "the new leader runs the controller", || {
+        (leader_gauge(&follower.metrics) == 1).then_some(())
+    })
+    .await?;
+    // The new leader writes what changes from now on.
+    west.put(&local_slice("web", "west", &["10.2.0.1", "10.2.0.9"]));
+    east.wait_until(WAIT, "the new leader imports the new endpoint", |s| {
+        imported(s, "web")
+            == expect_imported(&[("east", &["10.1.0.1"]), ("west", &["10.2.0.1", "10.2.0.9"])])
+    })
+    .await?;
+    eventually(WAIT, "the new leader counted its write", || {
+        (follower.metrics.writes_total() >= 1).then_some(())
+    })
+    .await?;
+    Ok(())
+}
+
+/// 6: a member unreachable past the grace period has its endpoints withdrawn and the import's
+/// Ready message says so; before that, nothing changes; when it is back, they return.
+#[tokio::test]
+async fn unreachable_member_is_withdrawn_after_the_grace_period() -> anyhow::Result<()> {
+    let (east, west) = (FakeApiServer::start().await?, FakeApiServer::start().await?);
+    seed(&east, "east", T_EAST, &["10.1.0.1"]);
+    seed(&west, "west", T_WEST, &["10.2.0.1"]);
+    let grace = Duration::from_millis(1500);
+    let e = start("east", &[("east", &east), ("west", &west)], grace);
+    east.wait_until(WAIT, "web is imported from both", |s| {
+        ready_import(s, "web").is_some()
+            && imported(s, "web")
+                == expect_imported(&[("east", &["10.1.0.1"]), ("west", &["10.2.0.1"])])
+    })
+    .await?;
+
+    east.clear_requests();
+    let stopped = tokio::time::Instant::now();
+    west.stop().await;
+    east.wait_until(WAIT, "west's endpoints are withdrawn", |s| {
+        imported(s, "web") == expect_imported(&[("east", &["10.1.0.1"])])
+    })
+    .await?;
+    assert!(
+        stopped.elapsed() >= grace,
+        "withdrawn after {:?}, before the grace period",
+        stopped.elapsed()
+    );
+    let si = east
+        .get::<ServiceImport>(NS, "web")
+        .expect("the import stays");
+    let status = si.status.expect("status");
+    let ready = condition(&status.conditions, "Ready").expect("Ready");
+    assert!(
+        ready
+            .message
+            .contains("Endpoints of cluster \"west\" are withdrawn"),
+        "{}",
+        ready.message
+    );
+    assert_eq!(si.spec.ports.len(), 1, "the ports stay as they were");
+    assert!(
+        e.metrics
+            .encode()
+            .contains("mcs_member_withdrawn{cluster=\"west\"} 1")
+    );
+
+    west.resume().await?;
+    east.wait_until(WAIT, "west is back", |s| {
+        imported(s, "web") == expect_imported(&[("east", &["10.1.0.1"]), ("west", &["10.2.0.1"])])
+            && s.get::<ServiceImport>(NS, "web").is_some_and(|si| {
+                si.status.is_some_and(|st| {
+                    condition(&st.conditions, "Ready")
+                        .is_some_and(|c| !c.message.contains("withdrawn"))
+                })
+            })
+    })
+    .await?;
+    Ok(())
+}
+
+/// The controller's reconcile and writers, with the exact HTTP requests checked by a tower-test
+/// verifier: server-side apply, one field manager, `force`, the status subresource, and the
+/// Event when a conflict appears.
+#[tokio::test]
+async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()> {
+    let east_svc: Service = serde_json::from_value(service("web", 80))?;
+    let mut west_svc = east_svc.clone();
+    west_svc
+        .spec
+        .as_mut()
+        .expect("spec")
+        .ports
+        .as_mut()
+        .expect("ports")[0]
+        .port = 81;
+    let mut east_export: ServiceExport = serde_json::from_value(export("web", T_EAST))?;
+    east_export.metadata.uid = Some("uid-east-web".into());
+    let west_export: ServiceExport = serde_json::from_value(export("web", T_WEST))?;
+    let snapshots = vec![
+        ClusterSnapshot {
+            cluster: id("east"),
+            services: vec![east_svc],
+            service_exports: vec![east_export.clone()],
+            endpoint_slices: vec![serde_json::from_value(local_slice(
+                "web",
+                "east",
+                &["10.1.0.1"],
+            ))?],
+        },
+        ClusterSnapshot {
+            cluster: id("west"),
+            services: vec![west_svc],
+            service_exports: vec![west_export],
+            endpoint_slices: vec![serde_json::from_value(local_slice(
+                "web",
+                "west",
+                &["10.2.0.1"],
+            ))?],
+        },
+    ];
+    let plan = controller::plan(
+        &snapshots,
+        &ClusterSetConfig::default(),
+        &id("east"),
+        &[],
+        &Default::default(),
+        Duration::from_secs(300),
+    );
+    let now = Time("2026-03-01T12:00:00Z".parse()?);
+    let observed = Observed {
+        exports: vec![Arc::new(east_export)],
+        ..Default::default()
+    };
+    let actions = controller::reconcile(&plan, &id("east"), &observed, &now);
+    let labels: Vec<(&str, &str)> = actions.iter().map(Action::label).collect();
+    assert_eq!(
+        labels,
+        [
+            ("ServiceImport", "apply"),
+            ("ServiceImport", "apply_status"),
+            ("EndpointSlice", "apply"),
+            ("ServiceExport", "apply_status"),
+            ("Event", "create"),
+        ]
+    );
+    let si = plan.service_imports[0].clone();
+    let ip = si.spec.ips[0].clone();
+
+    let (client, mut verifier) = mock_client();
+    let run = tokio::spawn(async move {
+        let sink = KubeSink::new(client, "agent-a");
+        let mut results = Vec::new();
+        for a in &actions {
+            results.push(sink.apply(a).await.map(|_| ()).map_err(|e| e.to_string()));
+        }
+        results
+    });
+    let ssa = |path: &str| {
+        ExpectedRequest::new(Method::PATCH, path)
+            .query("fieldManager", FIELD_MANAGER)
+            .query("force", "true")
+            .content_type(APPLY_PATCH)
+    };
+    let import_path =
+        format!("/apis/multicluster.x-k8s.io/v1beta1/namespaces/{NS}/serviceimports/web");
+    let import_obj = json!({"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceImport",
+        "metadata": {"name": "web", "namespace": NS, "resourceVersion": "1"}, "spec": {"type": "ClusterSetIP", "ports": []}});
+    verifier
+        .expect(
+            &ssa(&import_path).json_body(json!({
+                "apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceImport",
+                "metadata": {"name": "web", "namespace": NS, "labels": {LABEL_APP_MANAGED_BY: MANAGED_BY}},
+                "spec": {"type": "ClusterSetIP", "ips": [ip], "ipFamilies": ["IPv4"],
+                         "ports": [{"name": "http", "protocol": "TCP", "port": 80}],
+                         "sessionAffinity": "None", "internalTrafficPolicy": "Cluster"},
+            })),
+            StatusCode::OK,
+            &import_obj,
+        )
+        .await?;
+    let req = verifier
+        .expect(
+            &ssa(&format!("{import_path}/status")),
+            StatusCode::OK,
+            &import_obj,
+        )
+        .await?;
+    let body = req.json().expect("json");
+    assert_eq!(
+        body["status"]["clusters"],
+        json!([{"cluster": "east"}, {"cluster": "west"}])
+    );
+    assert_eq!(body["status"]["conditions"][0]["type"], "Ready");
+    assert_eq!(
+        body["status"]["conditions"][0]["lastTransitionTime"], "2026-03-01T12:00:00Z",
+        "a new condition transitions now"
+    );
+    assert!(
+        body.get("spec").is_none(),
+        "the status apply carries only status"
+    );
+    // Only east's slice: west declares :81, not the merged :80, so none of its endpoints
+    // serve anything and none are imported.
+    let name = "web-east-ipv4";
+    verifier
+        .expect(
+            &ssa(&format!("/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices/{name}")).json_body(json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": name, "namespace": NS, "labels": {
+                    LABEL_SERVICE_NAME: "web", LABEL_SOURCE_CLUSTER: "east", LABEL_MANAGED_BY: MANAGED_BY}},
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": ["10.1.0.1"], "conditions": {"ready": true}}],
+                "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
+            })),
+            StatusCode::OK,
+            &json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": name, "namespace": NS}, "addressType": "IPv4", "endpoints": []}),
+        )
+        .await?;
+    let export_path =
+        format!("/apis/multicluster.x-k8s.io/v1beta1/namespaces/{NS}/serviceexports/web/status");
+    let req = verifier
+        .expect(
+            &ssa(&export_path),
+            StatusCode::OK,
+            &json!({"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
+                "metadata": {"name": "web", "namespace": NS}}),
+        )
+        .await?;
+    let body = req.json().expect("json");
+    assert_eq!(body["metadata"], json!({"name": "web", "namespace": NS}));
+    let conds: Vec<(String, String, String)> = body["status"]["conditions"]
+        .as_array()
+        .expect("conditions")
+        .iter()
+        .map(|c| {
+            (
+                c["type"].as_str().unwrap_or("").to_owned(),
+                c["status"].as_str().unwrap_or("").to_owned(),
+                c["reason"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        conds,
+        [
+            ("Valid".into(), "True".into(), "Valid".into()),
+            ("Ready".into(), "True".into(), "Ready".into()),
+            ("Conflict".into(), "True".into(), "PortConflict".into()),
+        ]
+    );
+    let req = verifier
+        .expect(
+            &ExpectedRequest::new(Method::POST, &format!("/apis/events.k8s.io/v1/namespaces/{NS}/events"))
+                .content_type(JSON),
+            StatusCode::CREATED,
+            &json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                "metadata": {"name": "web.1", "namespace": NS}, "eventTime": "2026-03-01T12:00:00.000000Z"}),
+        )
+        .await?;
+    let event = req.json().expect("json");
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["reason"], EVENT_CONFLICT);
+    assert_eq!(event["regarding"]["kind"], "ServiceExport");
+    assert_eq!(event["regarding"]["uid"], "uid-east-web");
+    assert_eq!(event["reportingController"], FIELD_MANAGER);
+    assert!(
+        event["note"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("PortConflict: ")
+    );
+    let results = tokio::time::timeout(WAIT, run).await??;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    verifier.finish().await?;
+
+    // Fed back what it wrote, the reconcile wants nothing more.
+    let mut written = si;
+    written.metadata.labels =
+        Some([(LABEL_APP_MANAGED_BY.to_owned(), MANAGED_BY.to_owned())].into());
+    let status = written.status.as_mut().expect("status");
+    status.conditions = controller::with_transition_times(&status.conditions, &[], &now);
+    let mut export_after: ServiceExport = serde_json::from_value(export("web", T_EAST))?;
+    export_after.status = Some(dataplane_agent::model::ServiceExportStatus {
+        conditions: plan.export_statuses[0]
+            .conditions
+            .iter()
+            .map(|c| c.to_k8s(now.clone()))
+            .collect(),
+    });
+    let observed = Observed {
+        imports: vec![Arc::new(written)],
+        slices: plan.endpoint_slices.iter().cloned().map(Arc::new).collect(),
+        exports: vec![Arc::new(export_after)],
+    };
+    let later = Time("2026-03-01T13:00:00Z".parse()?);
+    assert_eq!(
+        controller::reconcile(&plan, &id("east"), &observed, &later),
+        []
+    );
+    Ok(())
+}
+
+/// The local cluster id from the ClusterProperty `cluster.clusterset.k8s.io` (KEP-2149), and a
+/// clear error when there is none.
+#[tokio::test]
+async fn cluster_id_comes_from_the_cluster_property() -> anyhow::Result<()> {
+    use dataplane_agent::roles::kube::{KubeModeError, cluster_id_from_property};
+    let srv = FakeApiServer::start().await?;
+    assert!(matches!(
+        cluster_id_from_property(srv.client()).await,
+        Err(KubeModeError::NoClusterId)
+    ));
+    srv.put(
+        &json!({"apiVersion": "about.k8s.io/v1alpha1", "kind": "ClusterProperty",
+        "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": "east"}}),
+    );
+    assert_eq!(cluster_id_from_property(srv.client()).await?, id("east"));
+    srv.put(
+        &json!({"apiVersion": "about.k8s.io/v1alpha1", "kind": "ClusterProperty",
+        "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": "Not_A_Label"}}),
+    );
+    assert!(matches!(
+        cluster_id_from_property(srv.client()).await,
+        Err(KubeModeError::BadClusterId(_))
+    ));
+    Ok(())
+}

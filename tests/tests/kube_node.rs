@@ -1,0 +1,376 @@
+//! The agent binary in Kubernetes mode (`run --config`) against fake API servers, with the
+//! dataplane in network namespaces: its elected controller imports the exports of two member
+//! clusters into the local one, its node role programs the maps from the imported slices, and
+//! real connections to the ClusterSet IP reach the backends of exactly the exporting clusters.
+//! Checked with `inspect --json` (the binary), with traffic, and on `/metrics` and `/readyz`.
+//! Root only (see `tests::netns` for the isolation rules).
+
+use std::{
+    collections::BTreeSet,
+    io::{Read as _, Write as _},
+    net::TcpStream,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use dataplane_agent::model::{ServiceExport, ServiceImport};
+use serde_json::{Value, json};
+use tests::{
+    agent::Agent,
+    fake_apiserver::FakeApiServer,
+    netns::{Topology, agent_bin},
+    probe::by_cluster,
+    require_root,
+};
+
+const WAIT: Duration = Duration::from_secs(30);
+const NS: &str = "demo";
+
+fn kubeconfig(url: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"{url}\"}}\n\
+         contexts:\n- name: fake\n  context: {{cluster: fake, user: fake}}\ncurrent-context: fake\n\
+         users:\n- name: fake\n  user: {{}}\n"
+    )
+}
+
+fn seed(srv: &FakeApiServer, cluster: &str, created: &str, ips: &[String]) {
+    srv.put(&json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": NS},
+        "spec": {"type": "ClusterIP", "ipFamilies": ["IPv4"],
+                 "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}]}}));
+    srv.put(
+        &json!({"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
+        "metadata": {"name": "web", "namespace": NS, "creationTimestamp": created}}),
+    );
+    slice(srv, cluster, ips);
+}
+
+fn slice(srv: &FakeApiServer, cluster: &str, ips: &[String]) {
+    let endpoints: Vec<Value> = ips
+        .iter()
+        .map(|ip| json!({"addresses": [ip], "conditions": {"ready": true}}))
+        .collect();
+    srv.put(
+        &json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("web-{cluster}"), "namespace": NS,
+                     "labels": {"kubernetes.io/service-name": "web"}},
+        "addressType": "IPv4", "endpoints": endpoints,
+        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]}),
+    );
+}
+
+/// `dataplane-agent inspect --json`: (ip, port) -> backend "cluster/ip:port" set.
+fn inspect_json(pin_dir: &Path) -> anyhow::Result<Vec<(String, u16, BTreeSet<String>)>> {
+    let out = std::process::Command::new(agent_bin())
+        .args(["inspect", "--json", "--pin-dir"])
+        .arg(pin_dir)
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "inspect failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    Ok(v["frontends"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|f| {
+            let backends = f["backends"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .map(|b| {
+                    format!(
+                        "{}/{}:{}",
+                        b["cluster"].as_str().unwrap_or(""),
+                        b["ip"].as_str().unwrap_or(""),
+                        b["port"]
+                    )
+                })
+                .collect();
+            (
+                f["ip"].as_str().unwrap_or("").to_owned(),
+                f["port"].as_u64().unwrap_or(0) as u16,
+                backends,
+            )
+        })
+        .collect())
+}
+
+fn backends_of(
+    rows: &[(String, u16, BTreeSet<String>)],
+    ip: &str,
+    port: u16,
+) -> Option<BTreeSet<String>> {
+    rows.iter()
+        .find(|(i, p, _)| i == ip && *p == port)
+        .map(|(_, _, b)| b.clone())
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+/// Polls `inspect --json` until `pred` holds for the backends of ip:port.
+fn wait_backends(
+    agent: &mut Agent,
+    ip: &str,
+    port: u16,
+    want: &BTreeSet<String>,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let rows = inspect_json(&agent.pin_dir)?;
+        if backends_of(&rows, ip, port).as_ref() == Some(want) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline && agent.running(),
+            "timed out waiting for {ip}:{port} -> {want:?}; have {rows:?}; agent log:\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A plain HTTP/1.1 GET on 127.0.0.1: (status code, body).
+fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+fn wait_http(agent: &mut Agent, port: u16, path: &str, want: u16) -> anyhow::Result<String> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Ok((code, body)) = http_get(port, path)
+            && code == want
+        {
+            return Ok(body);
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline && agent.running(),
+            "timed out waiting for {path} = {want}; agent log:\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(19090)
+}
+
+/// 7: the maps follow the imported slices through the API, and traffic follows the maps. A
+/// restarted agent with its API server away keeps the maps until the initial lists are in.
+#[test]
+fn node_role_follows_imported_slices_from_the_api() {
+    require_root!();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mut topo = Topology::new(&["east", "west"]).expect("topology");
+    for c in ["east", "west"] {
+        topo.start_backend(c, 10, &["tcp:8080"]).expect("backend");
+    }
+    topo.start_backend("east", 11, &["tcp:8080"])
+        .expect("backend");
+    let (east_ip, east_ip2, west_ip) = (
+        topo.cluster("east").v4(10).to_string(),
+        topo.cluster("east").v4(11).to_string(),
+        topo.cluster("west").v4(10).to_string(),
+    );
+    let east = rt.block_on(FakeApiServer::start()).expect("east");
+    let west = rt.block_on(FakeApiServer::start()).expect("west");
+    seed(
+        &east,
+        "east",
+        "2026-01-01T00:00:00Z",
+        std::slice::from_ref(&east_ip),
+    );
+    seed(
+        &west,
+        "west",
+        "2026-01-02T00:00:00Z",
+        std::slice::from_ref(&west_ip),
+    );
+    // The local cluster's id comes from its ClusterProperty.
+    east.put(
+        &json!({"apiVersion": "about.k8s.io/v1alpha1", "kind": "ClusterProperty",
+        "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": "east"}}),
+    );
+
+    let dir = topo.dir.join("kube");
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(dir.join("east.kubeconfig"), kubeconfig(&east.url())).expect("write");
+    std::fs::write(dir.join("west.kubeconfig"), kubeconfig(&west.url())).expect("write");
+    // The local member has no kubeconfig: in a pod that is the in-cluster config; here
+    // KUBECONFIG points at east. West's kubeconfig path is relative to the config file.
+    let leader =
+        "leaderElection: {leaseDuration: 3s, renewGrace: 1s}\nmemberProbeInterval: 200ms\n";
+    std::fs::write(
+        dir.join("clusterset.yaml"),
+        format!("members:\n- id: east\n- id: west\n  kubeconfig: west.kubeconfig\n{leader}"),
+    )
+    .expect("write");
+    let metrics_port = free_port();
+    let port_arg = format!("127.0.0.1:{metrics_port}");
+    let config = dir.join("clusterset.yaml");
+    let east_kubeconfig = dir.join("east.kubeconfig");
+    let args = [
+        "run",
+        "--config",
+        config.to_str().expect("utf-8"),
+        "--identity",
+        "node-a",
+        "--lease-namespace",
+        "mcs-system",
+        "--metrics-address",
+        &port_arg,
+    ];
+    let mut agent = Agent::start_with_env(
+        &topo,
+        &args,
+        &[("KUBECONFIG", east_kubeconfig.to_str().expect("utf-8"))],
+    )
+    .expect("agent");
+
+    // The elected controller writes the import; its ClusterSet IP is the frontend.
+    rt.block_on(east.wait_until(WAIT, "the import has an IP", |s| {
+        s.get::<ServiceImport>(NS, "web")
+            .is_some_and(|si| !si.spec.ips.is_empty())
+    }))
+    .unwrap_or_else(|e| panic!("{e}; agent log:\n{}", agent.log_text()));
+    let vip = east
+        .get::<ServiceImport>(NS, "web")
+        .expect("import")
+        .spec
+        .ips[0]
+        .clone();
+    let both = set(&[
+        &format!("east/{east_ip}:8080"),
+        &format!("west/{west_ip}:8080"),
+    ]);
+    wait_backends(&mut agent, &vip, 80, &both).expect("both clusters in the maps");
+    let hits = topo
+        .probe("tcp", &format!("{vip}:80"), &["--count", "100"])
+        .expect("probe");
+    assert!(hits.iter().all(|a| a.ok), "{:?}", by_cluster(&hits));
+    assert_eq!(
+        by_cluster(&hits).into_keys().collect::<BTreeSet<_>>(),
+        set(&["east", "west"]),
+        "both exporting clusters serve"
+    );
+    wait_http(&mut agent, metrics_port, "/readyz", 200).expect("ready");
+    let metrics = wait_http(&mut agent, metrics_port, "/metrics", 200).expect("metrics");
+    let translated = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("mcs_frontend_translations_total{")
+                && l.contains(&format!("ip=\"{vip}\""))
+                && l.contains("port=\"80\"")
+        })
+        .unwrap_or_else(|| panic!("no translation counter for {vip}:80 in\n{metrics}"));
+    let count: u64 = translated
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(count >= 100, "{translated}");
+    assert!(metrics.contains("mcs_leader 1"), "{metrics}");
+    assert!(
+        metrics.contains("mcs_map_sync_duration_seconds_count"),
+        "{metrics}"
+    );
+
+    // A new endpoint in east: the slice changes, the maps follow.
+    slice(&east, "east", &[east_ip.clone(), east_ip2.clone()]);
+    let three = set(&[
+        &format!("east/{east_ip}:8080"),
+        &format!("east/{east_ip2}:8080"),
+        &format!("west/{west_ip}:8080"),
+    ]);
+    wait_backends(&mut agent, &vip, 80, &three).expect("three backends");
+
+    // West unexports: its imported slice is deleted, its backend leaves the maps, and traffic
+    // reaches only east.
+    west.delete::<ServiceExport>(NS, "web");
+    let east_only = set(&[
+        &format!("east/{east_ip}:8080"),
+        &format!("east/{east_ip2}:8080"),
+    ]);
+    wait_backends(&mut agent, &vip, 80, &east_only).expect("west withdrawn");
+    let hits = topo
+        .probe("tcp", &format!("{vip}:80"), &["--count", "50"])
+        .expect("probe");
+    assert!(hits.iter().all(|a| a.ok));
+    assert_eq!(
+        by_cluster(&hits).into_keys().collect::<BTreeSet<_>>(),
+        set(&["east"])
+    );
+
+    // Restart with east's API server away: the maps stay as they are (nothing is pruned before
+    // the initial lists), and traffic keeps flowing; when it is back, /readyz turns green.
+    agent.kill(libc::SIGKILL);
+    rt.block_on(east.stop());
+    std::fs::write(
+        dir.join("local.yaml"),
+        format!(
+            "localCluster: east\nmembers:\n- id: east\n  kubeconfig: east.kubeconfig\n- id: west\n  kubeconfig: west.kubeconfig\n{leader}"
+        ),
+    )
+    .expect("write");
+    let local_config = dir.join("local.yaml");
+    let mut args2 = args;
+    args2[2] = local_config.to_str().expect("utf-8");
+    let mut agent = Agent::start(&topo, &args2).expect("agent again");
+    let deadline = Instant::now() + WAIT;
+    while !agent
+        .log_text()
+        .contains("waiting for the initial ServiceImports")
+    {
+        assert!(
+            Instant::now() < deadline && agent.running(),
+            "{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(http_get(metrics_port, "/readyz").expect("readyz").0, 503);
+    let rows = inspect_json(&agent.pin_dir).expect("inspect");
+    assert_eq!(
+        backends_of(&rows, &vip, 80),
+        Some(east_only.clone()),
+        "not pruned"
+    );
+    let hits = topo
+        .probe("tcp", &format!("{vip}:80"), &["--count", "20"])
+        .expect("probe");
+    assert!(
+        hits.iter().all(|a| a.ok),
+        "traffic flows while the API server is away"
+    );
+    rt.block_on(east.resume()).expect("resume");
+    wait_http(&mut agent, metrics_port, "/readyz", 200).expect("ready again");
+    wait_backends(&mut agent, &vip, 80, &east_only).expect("still east only");
+}
