@@ -6,11 +6,7 @@
 //! linking it. The CRDs do not depend on the eBPF object, so with `AYA_BUILD_SKIP=1` in the
 //! environment this works without the eBPF toolchain.
 
-use std::{
-    collections::BTreeMap,
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{collections::BTreeMap, path::Path, process::Command};
 
 use anyhow::{Context as _, bail};
 
