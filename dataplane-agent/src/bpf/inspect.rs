@@ -5,11 +5,10 @@ use std::{fmt::Write as _, path::Path};
 use serde::Serialize;
 
 use super::{
-    convert::{addr_from_words, name_from_bytes, port_from_word},
     kernel::KernelMaps,
     loader::{LoadError, PROGRAMS},
     maps::MapContents,
-    sync::FeAddr,
+    sync::{FeAddr, read_back},
 };
 
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -69,66 +68,51 @@ pub struct BackendRow {
 
 /// Builds the rows from map contents (frontends sorted by address, backends in slot order).
 pub fn rows(contents: &MapContents) -> Vec<FrontendRow> {
+    // The slot walk and the name lookups are the map sync's own reader.
+    let decoded = read_back(contents);
     let mut rows = Vec::new();
-    let mut frontends: Vec<_> = contents
-        .frontends()
-        .filter_map(|(k, fe)| Some((FeAddr::from_key(&k)?, *fe)))
-        .collect();
-    frontends.sort_by_key(|(a, _)| *a);
-    for (addr, fe) in frontends {
-        let names = contents.names.get(&fe.id);
-        let text = |f: fn(&dataplane_ebpf::FrontendName) -> &[u8; dataplane_ebpf::NAME_LEN]| {
-            names.map(|n| name_from_bytes(f(n))).unwrap_or_default()
+    for (key, fe) in contents.frontends() {
+        let Some(addr) = FeAddr::from_key(&key) else {
+            continue;
+        };
+        let Some(d) = decoded.get(&addr) else {
+            continue;
         };
         let (port, protocol) = match addr {
             FeAddr::Port(p) => (p.port, p.protocol.to_string()),
             FeAddr::Wildcard(_) => (0, "*".to_owned()),
         };
-        let mut backends = Vec::new();
-        for index in 0..fe.count {
-            let slot = dataplane_ebpf::SlotKey {
-                frontend_id: fe.id,
-                bank: fe.bank as u16,
-                index,
-            };
-            let Some(be) = contents
-                .slots
-                .get(&slot)
-                .and_then(|id| contents.backends.get(id))
-            else {
-                continue;
-            };
-            backends.push(BackendRow {
-                cluster: contents
-                    .clusters
-                    .get(&be.cluster)
-                    .map(|c| name_from_bytes(&c.name))
-                    .unwrap_or_default(),
-                ip: addr_from_words(be.addr, be.family)
-                    .map(|ip| ip.to_string())
-                    .unwrap_or_default(),
-                port: port_from_word(be.port),
-            });
-        }
         let counters = contents.counters.get(&fe.id).copied().unwrap_or_default();
-        rows.push(FrontendRow {
-            namespace: text(|n| &n.namespace),
-            name: text(|n| &n.name),
-            port_name: text(|n| &n.port_name),
-            ip: addr.ip().to_string(),
-            port,
-            protocol,
-            id: fe.id,
-            affinity_timeout_seconds: (fe.flags & dataplane_ebpf::FRONTEND_F_AFFINITY != 0)
-                .then_some(fe.affinity_timeout_s),
-            count: fe.count,
-            backends,
-            translations: counters.translations,
-            affinity_hits: counters.affinity_hits,
-            rejects: counters.rejects,
-        });
+        rows.push((
+            addr,
+            FrontendRow {
+                namespace: d.service.namespace.clone(),
+                name: d.service.name.clone(),
+                port_name: d.port_name.clone(),
+                ip: addr.ip().to_string(),
+                port,
+                protocol,
+                id: fe.id,
+                affinity_timeout_seconds: (fe.flags & dataplane_ebpf::FRONTEND_F_AFFINITY != 0)
+                    .then_some(fe.affinity_timeout_s),
+                count: fe.count,
+                backends: d
+                    .backends
+                    .iter()
+                    .map(|b| BackendRow {
+                        cluster: b.cluster.clone(),
+                        ip: b.ip.to_string(),
+                        port: b.port,
+                    })
+                    .collect(),
+                translations: counters.translations,
+                affinity_hits: counters.affinity_hits,
+                rejects: counters.rejects,
+            },
+        ));
     }
-    rows
+    rows.sort_by_key(|(addr, _)| *addr);
+    rows.into_iter().map(|(_, row)| row).collect()
 }
 
 /// Reads the pinned maps and links under `pin_dir`.

@@ -208,6 +208,20 @@ fn pinned_link_program(path: &Path) -> Option<(u32, u64)> {
     Some((prog_id, tag))
 }
 
+/// One of [`PROGRAMS`] in the loaded object.
+fn sock_addr_program<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<&'a mut CgroupSockAddr, LoadError> {
+    ebpf.program_mut(name)
+        .ok_or(LoadError::Program {
+            name,
+            source: ProgramError::UnexpectedProgramType,
+        })?
+        .try_into()
+        .map_err(|source| LoadError::Program { name, source })
+}
+
 /// Loads the programs and maps, attaches (or adopts) them on `cfg.cgroup`, and pins
 /// everything under `cfg.pin_dir`.
 pub fn install(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
@@ -248,14 +262,7 @@ pub fn install(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
 
     let mut tags = Vec::new();
     for name in PROGRAMS {
-        let prog: &mut CgroupSockAddr = ebpf
-            .program_mut(name)
-            .ok_or(LoadError::Program {
-                name,
-                source: ProgramError::UnexpectedProgramType,
-            })?
-            .try_into()
-            .map_err(|source| LoadError::Program { name, source })?;
+        let prog = sock_addr_program(&mut ebpf, name)?;
         prog.load()
             .map_err(|source| LoadError::Program { name, source })?;
         let info = prog
@@ -280,21 +287,16 @@ pub fn install(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
             .map(|(n, p)| (*n, p.map(|(id, _)| id).unwrap_or(0)))
             .collect();
         drop(fresh_logger);
-        let logger = aya_log::EbpfLogger::init_from_id(ids[0].1).ok();
+        let logger = ids
+            .first()
+            .and_then(|(_, id)| aya_log::EbpfLogger::init_from_id(*id).ok());
         info!(pin_dir = %cfg.pin_dir.display(), "adopted the pinned programs and links");
         (Attachment::Adopted, ids, logger)
     } else {
         let cgroup = fs::File::open(&cfg.cgroup).map_err(io("cannot open cgroup", &cfg.cgroup))?;
         let mut replaced = 0;
         for (name, _, _) in &tags {
-            let prog: &mut CgroupSockAddr = ebpf
-                .program_mut(name)
-                .ok_or(LoadError::Program {
-                    name,
-                    source: ProgramError::UnexpectedProgramType,
-                })?
-                .try_into()
-                .map_err(|source| LoadError::Program { name, source })?;
+            let prog = sock_addr_program(&mut ebpf, name)?;
             // A bpf_link (flags 0) always attaches in multi mode: an old link (previous
             // version) keeps running until the new one is pinned, and other programs on the
             // cgroup are left alone. (BPF_F_ALLOW_MULTI itself is rejected for links.)
