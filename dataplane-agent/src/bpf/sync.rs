@@ -1169,7 +1169,10 @@ mod tests {
     }
 
     /// A table with one service per entry: (service, vip, [(port, [backends])]).
-    fn table(spec: &[(&str, IpAddr, Vec<(u16, Vec<Backend>)>)]) -> LbTable {
+    /// (service, vip, [(port, backends)]).
+    type ServiceSpec<'a> = (&'a str, IpAddr, Vec<(u16, Vec<Backend>)>);
+
+    fn table(spec: &[ServiceSpec<'_>]) -> LbTable {
         let mut t = LbTable::default();
         for (name, vip, ports) in spec {
             t.vips.insert(*vip, svc(name));
