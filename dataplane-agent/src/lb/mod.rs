@@ -26,6 +26,7 @@ use std::{
 
 use serde::Serialize;
 
+use crate::merge::exports::{Key, key};
 use crate::model::{
     ClusterId, EndpointSlice, IpFamily, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, NamespacedName,
     ServiceImport, ServiceImportType,
@@ -268,17 +269,44 @@ fn index_slices(
     by_service
 }
 
+/// One import per namespace/name, sorted by it. Of several imports with one namespace/name the
+/// one whose JSON is smallest is used (and the duplicate reported), so the choice does not
+/// depend on the input order.
+fn unique_imports<'a>(
+    imports: &'a [ServiceImport],
+    warnings: &mut Vec<LbWarning>,
+) -> Vec<(Key<'a>, &'a ServiceImport)> {
+    let mut sorted: Vec<(Key<'a>, &'a ServiceImport)> =
+        imports.iter().map(|si| (key(&si.metadata), si)).collect();
+    sorted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let json = |si: &ServiceImport| serde_json::to_string(si).unwrap_or_default();
+    let mut out: Vec<(Key<'a>, &'a ServiceImport)> = Vec::with_capacity(sorted.len());
+    for (k, si) in sorted {
+        match out.last_mut() {
+            Some((last, kept)) if *last == k => {
+                warnings.push(LbWarning {
+                    object: format!("ServiceImport {}/{}", k.0, k.1),
+                    message: "defined more than once; one definition is used".into(),
+                });
+                if json(si) < json(kept) {
+                    *kept = si;
+                }
+            }
+            _ => out.push((k, si)),
+        }
+    }
+    out
+}
+
 /// Builds the table. The result depends only on the set of inputs, not on their order.
 pub fn build(imports: &[ServiceImport], slices: &[EndpointSlice]) -> LbTable {
     let mut table = LbTable::default();
     let slices_by_service = index_slices(slices, &mut table.warnings);
 
     // Sorted, so a VIP claimed twice goes to the same import whatever the input order.
-    let mut sorted: Vec<&ServiceImport> = imports.iter().collect();
-    sorted.sort_by_key(|si| NamespacedName::of(&si.metadata));
-    sorted.dedup_by_key(|si| NamespacedName::of(&si.metadata));
+    let sorted = unique_imports(imports, &mut table.warnings);
 
-    for si in sorted {
+    for (_, si) in sorted {
         let service = NamespacedName::of(&si.metadata);
         let object = format!("ServiceImport {service}");
         let mut warn = |message: String| {
@@ -402,3 +430,6 @@ pub fn build(imports: &[ServiceImport], slices: &[EndpointSlice]) -> LbTable {
     table.warnings.dedup();
     table
 }
+
+#[cfg(test)]
+mod tests;
