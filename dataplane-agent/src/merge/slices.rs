@@ -20,7 +20,9 @@
 //! characters the same way.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+
+use foldhash::{HashMap, HashSet};
 
 use super::ServiceRouting;
 use super::exports::{Export, usable_address};
