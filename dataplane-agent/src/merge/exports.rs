@@ -44,7 +44,7 @@ pub const REASON_INVALID_SERVICE_TYPE: &str = "InvalidServiceType";
 /// The objects of one cluster, keyed and deduplicated.
 pub struct ClusterObjects<'a> {
     pub services: HashMap<Key<'a>, &'a Service>,
-    pub exports: BTreeMap<NamespacedName, &'a ServiceExport>,
+    pub exports: HashMap<Key<'a>, &'a ServiceExport>,
     /// Local slices by the Service they belong to, sorted by slice name.
     pub slices: HashMap<Key<'a>, Vec<LocalSlice<'a>>>,
 }
@@ -119,7 +119,7 @@ pub fn index_clusters<'a>(
         }
         let objs = out.entry(&snap.cluster).or_insert_with(|| ClusterObjects {
             services: HashMap::new(),
-            exports: BTreeMap::new(),
+            exports: HashMap::new(),
             slices: HashMap::new(),
         });
         let dup = |kind: &str, (ns, name): Key<'_>| Diagnostic {
@@ -140,10 +140,10 @@ pub fn index_clusters<'a>(
             }
         }
         for se in &snap.service_exports {
-            let id = NamespacedName::of(&se.metadata);
+            let id = key(&se.metadata);
             match objs.exports.get_mut(&id) {
                 Some(existing) => {
-                    diagnostics.push(dup("ServiceExport", key(&se.metadata)));
+                    diagnostics.push(dup("ServiceExport", id));
                     pick_duplicate(existing, se);
                 }
                 None => {
@@ -309,28 +309,30 @@ pub fn parse_ip(s: &str) -> Option<IpAddr> {
     }
 }
 
-/// Valid exports by service (each list in precedence order, oldest first), and the statuses of
-/// the invalid ones.
+/// Valid exports by service, sorted by namespace/name (each list in precedence order, oldest
+/// first), and the statuses of the invalid ones (unsorted).
 pub fn collect<'a>(
     clusters: &'a BTreeMap<&'a ClusterId, ClusterObjects<'a>>,
-) -> (BTreeMap<NamespacedName, Vec<Export<'a>>>, Vec<ExportStatus>) {
-    let mut by_service: BTreeMap<NamespacedName, Vec<Export<'a>>> = BTreeMap::new();
+) -> (Vec<(Key<'a>, Vec<Export<'a>>)>, Vec<ExportStatus>) {
+    // Grouped by hash, then only the services are sorted (not every export).
+    let mut by_service: HashMap<Key<'a>, Vec<Export<'a>>> = HashMap::new();
     let mut statuses = Vec::new();
     for (cluster, objs) in clusters {
-        for (id, se) in &objs.exports {
-            let k = (id.namespace.as_str(), id.name.as_str());
-            let slices: &[LocalSlice<'_>] = objs.slices.get(&k).map(Vec::as_slice).unwrap_or(&[]);
-            match validate(cluster, objs.services.get(&k).copied(), se, slices) {
-                Ok(export) => by_service.entry(id.clone()).or_default().push(export),
+        for (k, se) in &objs.exports {
+            let slices: &[LocalSlice<'_>] = objs.slices.get(k).map(Vec::as_slice).unwrap_or(&[]);
+            match validate(cluster, objs.services.get(k).copied(), se, slices) {
+                Ok(export) => by_service.entry(*k).or_default().push(export),
                 Err((reason, message)) => statuses.push(ExportStatus {
                     cluster: (*cluster).clone(),
-                    service: id.clone(),
+                    service: NamespacedName::new(k.0, k.1),
                     conditions: conditions::invalid_export(&reason, &message),
                 }),
             }
         }
     }
-    for exports in by_service.values_mut() {
+    let mut by_service: Vec<(Key<'a>, Vec<Export<'a>>)> = by_service.into_iter().collect();
+    by_service.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    for (_, exports) in &mut by_service {
         exports.sort_by(|a, b| a.precedence().cmp(&b.precedence()));
     }
     (by_service, statuses)
@@ -415,11 +417,9 @@ fn validate<'a>(
 pub fn normalize_ports(
     ports: &[k8s_openapi::api::core::v1::ServicePort],
 ) -> Result<Vec<ServicePort>, Vec<String>> {
-    let mut out = Vec::with_capacity(ports.len());
+    let mut out: Vec<ServicePort> = Vec::with_capacity(ports.len());
     let mut problems = Vec::new();
-    let mut names: BTreeSet<&str> = BTreeSet::new();
-    let mut numbers: BTreeSet<(&str, i32)> = BTreeSet::new();
-    for p in ports {
+    for (i, p) in ports.iter().enumerate() {
         let shown = p.name.as_deref().unwrap_or("");
         let protocol = p.protocol.as_deref().unwrap_or("TCP");
         if !matches!(protocol, "TCP" | "UDP" | "SCTP") {
@@ -433,10 +433,18 @@ pub fn normalize_ports(
                 p.port
             ));
         }
-        if !names.insert(shown) {
+        // A Service has a handful of ports: looking back over them beats building sets.
+        let earlier = &ports[..i];
+        if earlier
+            .iter()
+            .any(|q| q.name.as_deref().unwrap_or("") == shown)
+        {
             problems.push(format!("port name {shown:?} is used twice"));
         }
-        if !numbers.insert((protocol, p.port)) {
+        if earlier
+            .iter()
+            .any(|q| q.port == p.port && q.protocol.as_deref().unwrap_or("TCP") == protocol)
+        {
             problems.push(format!("{}/{protocol} is declared twice", p.port));
         }
         out.push(ServicePort {

@@ -166,8 +166,9 @@ pub fn build(
             if !clusters.contains(e.cluster) {
                 continue;
             }
-            // Endpoints grouped by the ports their slice gives them.
-            let mut groups: BTreeMap<Vec<SlicePort<'_>>, Vec<Imported<'_>>> = BTreeMap::new();
+            // Endpoints grouped by the ports their slice gives them: nearly always one group,
+            // so a list, sorted by ports before use.
+            let mut groups: Vec<(Vec<SlicePort<'_>>, Vec<Imported<'_>>)> = Vec::new();
             for local in e
                 .local_slices
                 .iter()
@@ -189,7 +190,15 @@ pub fn build(
                 if ports.is_empty() && !e.ports.is_empty() {
                     continue;
                 }
-                let group = groups.entry(ports).or_default();
+                let group = match groups.iter().position(|(p, _)| *p == ports) {
+                    Some(i) => &mut groups[i].1,
+                    None => {
+                        groups.push((ports, Vec::new()));
+                        let last = groups.len() - 1;
+                        &mut groups[last].1
+                    }
+                };
+                group.reserve(local.slice.endpoints.len());
                 group.extend(
                     local
                         .slice
@@ -198,14 +207,14 @@ pub fn build(
                         .filter_map(|ep| Imported::of(ep, *family, local.clean)),
                 );
             }
-            let base = format!(
-                "{}-{}-{}",
-                service.name,
-                e.cluster,
-                family.address_type().to_ascii_lowercase()
-            );
+            let suffix = match family {
+                IpFamily::IPv4 => "ipv4",
+                IpFamily::IPv6 => "ipv6",
+            };
+            let base = format!("{}-{}-{suffix}", service.name, e.cluster.as_str());
             let salt = || format!("{service}/{}", e.cluster);
             let mut index = 0usize;
+            groups.sort_by(|a, b| a.0.cmp(&b.0));
             for (ports, mut endpoints) in groups {
                 endpoints.sort();
                 endpoints.dedup();
@@ -236,7 +245,10 @@ fn slice(
 ) -> EndpointSlice {
     let labels = BTreeMap::from([
         (LABEL_SERVICE_NAME.to_owned(), service.name.clone()),
-        (LABEL_SOURCE_CLUSTER.to_owned(), e.cluster.to_string()),
+        (
+            LABEL_SOURCE_CLUSTER.to_owned(),
+            e.cluster.as_str().to_owned(),
+        ),
         (LABEL_MANAGED_BY.to_owned(), MANAGED_BY.to_owned()),
     ]);
     EndpointSlice {
