@@ -459,6 +459,11 @@ impl ClusterId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The id's text, shared: map sync keeps it per backend without copying it.
+    pub fn shared(&self) -> Arc<str> {
+        Arc::clone(&self.0)
+    }
 }
 
 impl TryFrom<String> for ClusterId {
