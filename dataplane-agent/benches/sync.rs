@@ -20,6 +20,10 @@ use dataplane_agent::{
     model::{ClusterId, NamespacedName},
 };
 
+/// The agent binary's allocator (see `src/main.rs`), so the bench measures what runs.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const SERVICES: usize = 10_000;
 const CLUSTERS: usize = 5;
 const ENDPOINTS: usize = 10;
