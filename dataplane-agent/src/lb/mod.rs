@@ -287,6 +287,9 @@ fn index_slices<'a>(
                 }
             }
         }
+        // In address order: with the slices of a service in cluster order (below), a frontend's
+        // backends then usually come out sorted, and sorting them is a single check.
+        endpoints.sort_unstable_by_key(|e| e.ip);
         by_service
             .entry((namespace, service.as_str()))
             .or_default()
@@ -297,6 +300,9 @@ fn index_slices<'a>(
                 any_ready: endpoints.iter().any(|e| e.ready),
                 endpoints,
             });
+    }
+    for slices in by_service.values_mut() {
+        slices.sort_by(|a, b| a.cluster.cmp(&b.cluster));
     }
     by_service
 }

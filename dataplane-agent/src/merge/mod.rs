@@ -256,6 +256,15 @@ pub fn merge(
         ..Default::default()
     };
     let mut names = slices::NameAllocator::default();
+    // About one slice per contributing cluster and family.
+    plan.endpoint_slices.reserve(
+        drafts
+            .iter()
+            .map(|d| d.contributing.len() * d.families.import.len())
+            .sum(),
+    );
+    plan.service_imports.reserve(drafts.len());
+    plan.routing.reserve(drafts.len());
     for d in &drafts {
         let mut ready = if d.families.supported {
             conditions::import_ready()
@@ -288,12 +297,13 @@ pub fn merge(
                 .collect(),
         };
         if d.families.supported {
-            plan.endpoint_slices.append(&mut slices::build(
+            slices::build(
                 &d.service,
                 &d.contributing,
                 &routing,
                 &mut names,
-            ));
+                &mut plan.endpoint_slices,
+            );
         }
         plan.service_imports.push(build_import(d, ips_out, ready));
         plan.routing.push(routing);
@@ -316,6 +326,10 @@ pub fn merge(
 fn sorted_by_name(slices: Vec<EndpointSlice>) -> Vec<EndpointSlice> {
     fn key(s: &EndpointSlice) -> (Option<&str>, Option<&str>) {
         (s.metadata.namespace.as_deref(), s.metadata.name.as_deref())
+    }
+    // Built in service order, which is nearly always the slices' name order already.
+    if slices.is_sorted_by(|a, b| key(a) <= key(b)) {
+        return slices;
     }
     let mut order: Vec<usize> = (0..slices.len()).collect();
     order.sort_unstable_by(|a, b| key(&slices[*a]).cmp(&key(&slices[*b])));

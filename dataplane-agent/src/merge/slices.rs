@@ -146,14 +146,15 @@ impl<'a> Imported<'a> {
 /// A port of an imported slice: (name, protocol, number, appProtocol), in merged-port order.
 type SlicePort<'a> = (&'a str, &'a str, i32, Option<&'a str>);
 
-/// Builds the imported slices of one service.
+/// Builds the imported slices of one service, appended to `out` (the plan's list: a slice is
+/// over 400 bytes, so it is built in its final place rather than moved there).
 pub fn build(
     service: &NamespacedName,
     contributing: &[&Export<'_>],
     routing: &ServiceRouting,
     names: &mut NameAllocator,
-) -> Vec<EndpointSlice> {
-    let mut out = Vec::new();
+    out: &mut Vec<EndpointSlice>,
+) {
     let mut sorted: Vec<&&Export<'_>> = contributing.iter().collect();
     sorted.sort_by_key(|e| e.cluster);
     for e in sorted {
@@ -211,7 +212,11 @@ pub fn build(
                 IpFamily::IPv4 => "ipv4",
                 IpFamily::IPv6 => "ipv6",
             };
-            let base = format!("{}-{}-{suffix}", service.name, e.cluster.as_str());
+            // `<service>-<cluster>-<family>`, without the formatting machinery (once per slice).
+            let mut base = String::with_capacity(service.name.len() + e.cluster.as_str().len() + 6);
+            for part in [service.name.as_str(), "-", e.cluster.as_str(), "-", suffix] {
+                base.push_str(part);
+            }
             let salt = || format!("{service}/{}", e.cluster);
             let mut index = 0usize;
             groups.sort_by(|a, b| a.0.cmp(&b.0));
@@ -232,7 +237,6 @@ pub fn build(
             }
         }
     }
-    out
 }
 
 fn slice(
