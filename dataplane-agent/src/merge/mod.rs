@@ -210,11 +210,27 @@ pub fn merge(
 ) -> MergePlan {
     let mut diagnostics = Vec::new();
     let clusters = exports::index_clusters(snapshots, &mut diagnostics);
-    let (by_service, mut export_statuses) = exports::collect(&clusters);
+    let (by_service, invalid_statuses) = exports::collect(&clusters);
+    // Statuses are listed by cluster, then service. Kept in one list per cluster: the valid
+    // ones arrive in service order, so each list is nearly sorted already.
+    let cluster_index: BTreeMap<&ClusterId, usize> =
+        clusters.keys().enumerate().map(|(i, c)| (*c, i)).collect();
+    let mut statuses_by_cluster: Vec<Vec<ExportStatus>> =
+        (0..clusters.len()).map(|_| Vec::new()).collect();
+    let mut push_status = |status: ExportStatus| {
+        if let Some(list) = cluster_index
+            .get(&status.cluster)
+            .and_then(|i| statuses_by_cluster.get_mut(*i))
+        {
+            list.push(status);
+        }
+    };
+    for status in invalid_statuses {
+        push_status(status);
+    }
     let local_families = config.supported_families(importing);
 
     let mut drafts = Vec::with_capacity(by_service.len());
-    export_statuses.reserve(by_service.iter().map(|(_, e)| e.len()).sum());
     for ((namespace, name), exports) in &by_service {
         let service = NamespacedName::new(*namespace, *name);
         let fams = families::merge(exports, config.ip_family_policy, &local_families);
@@ -226,7 +242,7 @@ pub fn merge(
         let props = properties::merge(exports);
         let conflict = conditions::conflict(exports, &fams, &ports, &props);
         for e in exports {
-            export_statuses.push(ExportStatus {
+            push_status(ExportStatus {
                 cluster: e.cluster.clone(),
                 service: service.clone(),
                 conditions: conditions::valid_export(conflict.clone()),
@@ -249,7 +265,10 @@ pub fn merge(
             families: &d.families.import,
         })
         .collect();
-    let allocated = ips::allocate(&requests, existing, &config.cidrs);
+    // Both in service order: walked side by side with the drafts, no lookups.
+    let mut allocated = ips::allocate(&requests, existing, &config.cidrs)
+        .into_iter()
+        .peekable();
 
     let mut plan = MergePlan {
         importing_cluster: Some(importing.clone()),
@@ -273,8 +292,9 @@ pub fn merge(
         };
         let mut ips_out = Vec::new();
         if d.props.winner.type_ == ServiceImportType::ClusterSetIP && d.families.supported {
-            match allocated.get(&d.service) {
-                Some(ips) => ips_out = ips.clone(),
+            while allocated.next_if(|(s, _)| *s < d.service).is_some() {}
+            match allocated.next_if(|(s, _)| *s == d.service) {
+                Some((_, ips)) => ips_out = ips,
                 None => ready = conditions::import_no_ip(&d.families.import),
             }
         }
@@ -309,9 +329,13 @@ pub fn merge(
         plan.routing.push(routing);
     }
 
-    // (cluster, service) is unique, so this order is total and an unstable sort gives it.
-    export_statuses
-        .sort_unstable_by(|a, b| (&a.cluster, &a.service).cmp(&(&b.cluster, &b.service)));
+    // (cluster, service) is unique, so this order is total. The sort is stable for its speed
+    // on the long sorted run, not for ties (there are none).
+    let mut export_statuses = Vec::with_capacity(statuses_by_cluster.iter().map(Vec::len).sum());
+    for mut list in statuses_by_cluster {
+        list.sort_by(|a, b| a.service.cmp(&b.service));
+        export_statuses.append(&mut list);
+    }
     plan.export_statuses = export_statuses;
     plan.endpoint_slices = sorted_by_name(std::mem::take(&mut plan.endpoint_slices));
     diagnostics.sort();
