@@ -122,6 +122,10 @@ pub fn index_clusters<'a>(
             exports: HashMap::new(),
             slices: HashMap::new(),
         });
+        // Sized up front: growing a table of 10,000 keys rehashes it a dozen times.
+        objs.services.reserve(snap.services.len());
+        objs.exports.reserve(snap.service_exports.len());
+        objs.slices.reserve(snap.endpoint_slices.len());
         let dup = |kind: &str, (ns, name): Key<'_>| Diagnostic {
             cluster: Some(snap.cluster.clone()),
             object: format!("{kind} {ns}/{name}"),
@@ -315,7 +319,14 @@ pub fn collect<'a>(
     clusters: &'a BTreeMap<&'a ClusterId, ClusterObjects<'a>>,
 ) -> (Vec<(Key<'a>, Vec<Export<'a>>)>, Vec<ExportStatus>) {
     // Grouped by hash, then only the services are sorted (not every export).
-    let mut by_service: HashMap<Key<'a>, Vec<Export<'a>>> = HashMap::new();
+    // At least as many services as the largest cluster exports.
+    let mut by_service: HashMap<Key<'a>, Vec<Export<'a>>> = HashMap::with_capacity(
+        clusters
+            .values()
+            .map(|o| o.exports.len())
+            .max()
+            .unwrap_or(0),
+    );
     let mut statuses = Vec::new();
     for (cluster, objs) in clusters {
         for (k, se) in &objs.exports {

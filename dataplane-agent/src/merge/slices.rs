@@ -221,7 +221,8 @@ pub fn build(
             let mut index = 0usize;
             groups.sort_by(|a, b| a.0.cmp(&b.0));
             for (ports, mut endpoints) in groups {
-                endpoints.sort();
+                // Equal endpoints are identical, so an unstable sort gives the same list.
+                endpoints.sort_unstable();
                 endpoints.dedup();
                 for chunk in endpoints.chunks(MAX_ENDPOINTS) {
                     let chunk: Vec<Endpoint> = chunk.iter().map(Imported::to_endpoint).collect();
