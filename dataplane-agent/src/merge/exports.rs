@@ -271,37 +271,29 @@ pub fn parse_ipv4(s: &str) -> Option<Ipv4Addr> {
     if !(7..=15).contains(&b.len()) {
         return None;
     }
+    let digit = |i: usize| b.get(i).map(|c| c.wrapping_sub(b'0')).filter(|d| *d <= 9);
     let mut octets = [0u8; 4];
-    let mut n = 0; // the octet being read
-    let mut value: u32 = 0;
-    let mut digits = 0;
-    for &c in b {
-        if c == b'.' {
-            if digits == 0 || n == 3 {
+    let mut i = 0;
+    for (n, octet) in octets.iter_mut().enumerate() {
+        if n > 0 {
+            if b.get(i) != Some(&b'.') {
                 return None;
             }
-            octets[n] = value as u8;
-            n += 1;
-            value = 0;
-            digits = 0;
-        } else {
-            let d = c.wrapping_sub(b'0');
-            // A digit; no leading zero ("01"); at most 255 (so at most three digits).
-            if d > 9 || (digits == 1 && value == 0) {
-                return None;
-            }
-            value = value * 10 + u32::from(d);
-            digits += 1;
-            if value > 255 {
-                return None;
+            i += 1;
+        }
+        let mut value = u32::from(digit(i)?);
+        i += 1;
+        // A leading zero is the whole octet ("01" is refused); otherwise up to two more digits.
+        if value != 0 {
+            for _ in 0..2 {
+                let Some(d) = digit(i) else { break };
+                value = value * 10 + u32::from(d);
+                i += 1;
             }
         }
+        *octet = u8::try_from(value).ok()?;
     }
-    if digits == 0 || n != 3 {
-        return None;
-    }
-    octets[3] = value as u8;
-    Some(Ipv4Addr::from(octets))
+    (i == b.len()).then(|| Ipv4Addr::from(octets))
 }
 
 /// `s` as an IP address, exactly as `IpAddr::from_str` parses it, with the common IPv4 case
