@@ -18,6 +18,10 @@ use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+/// The agent binary's allocator (see `src/main.rs`), so the bench measures what runs.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const SERVICES: usize = 10_000;
 const CLUSTERS: usize = 5;
 const ENDPOINTS: usize = 10;

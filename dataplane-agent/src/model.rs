@@ -4,7 +4,7 @@
 //! version). v1alpha1 has the same schema and is accepted on input; both are generated from the
 //! one field list below so they cannot drift. Services and EndpointSlices come from k8s-openapi.
 
-use std::{collections::BTreeMap, fmt, str::FromStr};
+use std::{collections::BTreeMap, fmt, str::FromStr, sync::Arc};
 
 pub use k8s_openapi::{
     api::{core::v1::Service, discovery::v1::EndpointSlice},
@@ -398,9 +398,42 @@ pub fn crds() -> Result<
 /// A cluster id: an RFC-1123 DNS label (lowercase alphanumerics and '-', 1..=63 characters,
 /// starting and ending with an alphanumeric). It names a member cluster in `status.clusters`
 /// and in the `source-cluster` label.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+///
+/// Shared (`Arc<str>`): the merge and the lb table copy a cluster id into every export status,
+/// merged port and backend, and a copy is then a reference count, not an allocation.
+#[derive(Clone, Debug, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct ClusterId(String);
+pub struct ClusterId(Arc<str>);
+
+impl std::hash::Hash for ClusterId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state)
+    }
+}
+
+// Compared by content, with copies of one id (the common case when sorting backends) equal at
+// once without reading the text.
+impl PartialEq for ClusterId {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+impl Ord for ClusterId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        if Arc::ptr_eq(&self.0, &other.0) {
+            std::cmp::Ordering::Equal
+        } else {
+            self.0.cmp(&other.0)
+        }
+    }
+}
+
+impl PartialOrd for ClusterId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid cluster id {id:?}: {why} (cluster ids are RFC-1123 DNS labels)")]
@@ -428,12 +461,17 @@ impl ClusterId {
         };
         match why {
             Some(why) => Err(InvalidClusterId { id, why }),
-            None => Ok(ClusterId(id)),
+            None => Ok(ClusterId(id.into())),
         }
     }
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The id's text, shared: map sync keeps it per backend without copying it.
+    pub fn shared(&self) -> Arc<str> {
+        Arc::clone(&self.0)
     }
 }
 
@@ -446,7 +484,7 @@ impl TryFrom<String> for ClusterId {
 
 impl From<ClusterId> for String {
     fn from(c: ClusterId) -> String {
-        c.0
+        c.0.as_ref().to_owned()
     }
 }
 

@@ -100,7 +100,7 @@ pub fn rows(contents: &MapContents) -> Vec<FrontendRow> {
                     .backends
                     .iter()
                     .map(|b| BackendRow {
-                        cluster: b.cluster.clone(),
+                        cluster: b.cluster.to_string(),
                         ip: b.ip.to_string(),
                         port: b.port,
                     })

@@ -19,12 +19,14 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     fmt,
     net::IpAddr,
+    sync::Arc,
 };
 
 use dataplane_ebpf::{
     self as abi, AffinityMatchKey, ClusterName, FRONTEND_F_AFFINITY, FRONTEND_F_WILDCARD,
     FrontendKey4, FrontendKey6, FrontendName, SlotKey,
 };
+use foldhash::{HashMap, HashMapExt};
 use serde::Serialize;
 
 use super::{
@@ -35,7 +37,7 @@ use super::{
     maps::{Capacities, FeKey, MapContents, MapKind, MapOp, MapWriteError, MapWriter},
 };
 use crate::{
-    lb::{FrontendAddr, LbTable, Protocol},
+    lb::{Frontend, FrontendAddr, LbTable, Protocol},
     model::NamespacedName,
 };
 
@@ -103,12 +105,23 @@ impl fmt::Display for FeAddr {
 
 /// What makes a backend entry distinct. Keyed by cluster too, so equal addresses in two
 /// clusters stay two backends, and by protocol, so TCP and UDP never share an entry.
+///
+/// The cluster name is shared (`Arc<str>`): the mirror keeps one identity per slot, and copies
+/// cost a reference count.
+///
+/// Ordered by address first: the mirror's backend index holds up to a million identities, and
+/// most comparisons in it then end on an integer instead of reading the cluster name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct BackendIdentity {
-    pub cluster: String,
     pub ip: IpAddr,
     pub port: u16,
     pub protocol: Protocol,
+    #[serde(serialize_with = "serialize_str")]
+    pub cluster: Arc<str>,
+}
+
+fn serialize_str<S: serde::Serializer>(v: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(v)
 }
 
 /// A frontend as the maps should hold it.
@@ -122,47 +135,116 @@ pub struct DesiredFrontend {
     pub backends: Vec<BackendIdentity>,
 }
 
-/// Converts the lb table into map entries: one per frontend and one wildcard per VIP.
+/// The flags and affinity timeout of a frontend entry.
+fn flags_of(fe: &Frontend) -> (u8, u32) {
+    match fe.affinity_timeout_s {
+        Some(t) => (FRONTEND_F_AFFINITY, t),
+        None => (0, 0),
+    }
+}
+
+/// The backends of a frontend as the maps hold them. The lb table never mixes families; the
+/// filter keeps the ABI honest.
+fn backend_identities<'a>(
+    addr: &'a FrontendAddr,
+    fe: &'a Frontend,
+) -> impl Iterator<Item = BackendIdentity> + 'a {
+    fe.backends
+        .iter()
+        .filter(|b| b.ip.is_ipv4() == addr.ip.is_ipv4())
+        .map(|b| BackendIdentity {
+            cluster: b.cluster.shared(),
+            ip: b.ip,
+            port: b.port,
+            protocol: addr.protocol,
+        })
+}
+
+/// The map entry of one frontend of the table.
+fn desired_port(addr: &FrontendAddr, fe: &Frontend) -> DesiredFrontend {
+    let (flags, affinity_timeout_s) = flags_of(fe);
+    DesiredFrontend {
+        service: fe.service.clone(),
+        port_name: fe.port_name.clone(),
+        flags,
+        affinity_timeout_s,
+        backends: backend_identities(addr, fe).collect(),
+    }
+}
+
+/// The map entry of a VIP's wildcard.
+fn desired_wildcard(service: &NamespacedName) -> DesiredFrontend {
+    DesiredFrontend {
+        service: service.clone(),
+        port_name: String::new(),
+        flags: FRONTEND_F_WILDCARD,
+        affinity_timeout_s: 0,
+        backends: Vec::new(),
+    }
+}
+
+/// A port frontend of the table that is installed: its VIP belongs to its service (always so
+/// in a table from `lb::build`; a frontend of someone else's VIP, or of no VIP, is not).
+fn owned_port<'t>(table: &'t LbTable, addr: &FrontendAddr) -> Option<&'t Frontend> {
+    table
+        .frontends
+        .get(addr)
+        .filter(|fe| table.vips.get(&addr.ip) == Some(&fe.service))
+}
+
+/// The map entry `table` wants at `addr`, if any.
+fn desired_at(table: &LbTable, addr: &FeAddr) -> Option<DesiredFrontend> {
+    match addr {
+        FeAddr::Port(a) => owned_port(table, a).map(|fe| desired_port(a, fe)),
+        FeAddr::Wildcard(ip) => table.vips.get(ip).map(desired_wildcard),
+    }
+}
+
+/// Whether `table` wants any entry at `addr`.
+fn wanted_in(table: &LbTable, addr: &FeAddr) -> bool {
+    match addr {
+        FeAddr::Port(a) => owned_port(table, a).is_some(),
+        FeAddr::Wildcard(ip) => table.vips.contains_key(ip),
+    }
+}
+
+/// The entries of one VIP for its owner: its port frontends (a range of the table, which is
+/// ordered by IP first) and its wildcard.
+fn vip_entries<'t>(
+    table: &'t LbTable,
+    ip: IpAddr,
+    owner: &'t NamespacedName,
+) -> impl Iterator<Item = FeAddr> + 't {
+    let lo = FrontendAddr {
+        ip,
+        port: 0,
+        protocol: Protocol::Tcp,
+    };
+    let hi = FrontendAddr {
+        ip,
+        port: u16::MAX,
+        protocol: Protocol::Udp,
+    };
+    table
+        .frontends
+        .range(lo..=hi)
+        .filter(move |(_, fe)| fe.service == *owner)
+        .map(|(a, _)| FeAddr::Port(*a))
+        .chain(std::iter::once(FeAddr::Wildcard(ip)))
+}
+
+/// Converts the lb table into map entries: one per frontend and one wildcard per VIP. A
+/// frontend belongs to the service that owns its VIP; one whose VIP is not its service's
+/// (`lb::build` never makes one) is left out.
 pub fn desired_entries(table: &LbTable) -> BTreeMap<FeAddr, DesiredFrontend> {
     let mut out = BTreeMap::new();
     for (addr, fe) in &table.frontends {
-        let (flags, timeout) = match fe.affinity_timeout_s {
-            Some(t) => (FRONTEND_F_AFFINITY, t),
-            None => (0, 0),
-        };
-        out.insert(
-            FeAddr::Port(*addr),
-            DesiredFrontend {
-                service: fe.service.clone(),
-                port_name: fe.port_name.clone(),
-                flags,
-                affinity_timeout_s: timeout,
-                backends: fe
-                    .backends
-                    .iter()
-                    // The lb table never mixes families; the guard keeps the ABI honest.
-                    .filter(|b| b.ip.is_ipv4() == addr.ip.is_ipv4())
-                    .map(|b| BackendIdentity {
-                        cluster: b.cluster.to_string(),
-                        ip: b.ip,
-                        port: b.port,
-                        protocol: addr.protocol,
-                    })
-                    .collect(),
-            },
-        );
+        if table.vips.get(&addr.ip) == Some(&fe.service) {
+            out.insert(FeAddr::Port(*addr), desired_port(addr, fe));
+        }
     }
     for (ip, service) in &table.vips {
-        out.insert(
-            FeAddr::Wildcard(*ip),
-            DesiredFrontend {
-                service: service.clone(),
-                port_name: String::new(),
-                flags: FRONTEND_F_WILDCARD,
-                affinity_timeout_s: 0,
-                backends: Vec::new(),
-            },
-        );
+        out.insert(FeAddr::Wildcard(*ip), desired_wildcard(service));
     }
     out
 }
@@ -217,6 +299,9 @@ struct InstalledFrontend {
     affinity_timeout_s: u32,
     /// Backend ids in slot order; the frontend's count is the length.
     backends: Vec<u32>,
+    /// What those ids stand for, in the same order: lets a sync see that a frontend is
+    /// unchanged by comparing it with the table, without looking any backend up.
+    identities: Vec<BackendIdentity>,
     service: NamespacedName,
     port_name: String,
     /// Set on adoption when the maps held a frontend whose slots were incomplete: the next
@@ -311,8 +396,10 @@ pub struct MapSync {
     capacities: Capacities,
     frontends: BTreeMap<FeAddr, InstalledFrontend>,
     by_service: BTreeMap<NamespacedName, BTreeSet<FeAddr>>,
-    backends: BTreeMap<BackendIdentity, InstalledBackend>,
-    backend_by_id: BTreeMap<u32, BackendIdentity>,
+    /// Hashed: up to a million entries, looked up by every change; a tree would cost a cache
+    /// miss per level.
+    backends: HashMap<BackendIdentity, InstalledBackend>,
+    backend_by_id: HashMap<u32, BackendIdentity>,
     clusters: BTreeMap<String, u32>,
     fe_ids: IdPool,
     be_ids: IdPool,
@@ -357,8 +444,8 @@ impl MapSync {
             capacities,
             frontends: BTreeMap::new(),
             by_service: BTreeMap::new(),
-            backends: BTreeMap::new(),
-            backend_by_id: BTreeMap::new(),
+            backends: HashMap::new(),
+            backend_by_id: HashMap::new(),
             clusters: BTreeMap::new(),
             fe_ids: IdPool::new(capacities.frontends),
             be_ids: IdPool::new(capacities.backends),
@@ -377,11 +464,11 @@ impl MapSync {
     pub fn adopt(capacities: Capacities, contents: &MapContents) -> (MapSync, Vec<MapOp>) {
         let mut sync = MapSync::new(capacities);
         let mut cleanup = Vec::new();
-        let mut cluster_by_idx = BTreeMap::new();
+        let mut cluster_by_idx: BTreeMap<u32, Arc<str>> = BTreeMap::new();
         for (idx, name) in &contents.clusters {
             let name = name_from_bytes(&name.name);
             sync.cluster_ids.take(*idx);
-            cluster_by_idx.insert(*idx, name.clone());
+            cluster_by_idx.insert(*idx, name.as_str().into());
             sync.clusters.insert(name, *idx);
         }
         let mut identity_by_id = BTreeMap::new();
@@ -413,18 +500,24 @@ impl MapSync {
             };
             let mut broken = false;
             let mut backends = Vec::new();
+            let mut identities = Vec::new();
             for index in 0..fe.count {
                 let slot = SlotKey {
                     frontend_id: fe.id,
                     bank: fe.bank as u16,
                     index,
                 };
-                match contents.slots.get(&slot) {
-                    Some(b) if identity_by_id.contains_key(b) => {
+                match contents
+                    .slots
+                    .get(&slot)
+                    .and_then(|b| Some((*b, identity_by_id.get(b)?)))
+                {
+                    Some((b, identity)) => {
                         live_slots.insert(slot);
-                        backends.push(*b);
+                        backends.push(b);
+                        identities.push(BackendIdentity::clone(identity));
                     }
-                    _ => broken = true,
+                    None => broken = true,
                 }
             }
             let (service, port_name) = match contents.names.get(&fe.id) {
@@ -440,6 +533,7 @@ impl MapSync {
                 flags: fe.flags,
                 affinity_timeout_s: fe.affinity_timeout_s,
                 backends,
+                identities,
                 service,
                 port_name,
                 broken,
@@ -497,13 +591,15 @@ impl MapSync {
                 .filter(|id| !ids.contains(id))
                 .map(|id| MapOp::DelCounters(*id)),
         );
-        let orphans: Vec<BackendIdentity> = sync
+        let mut orphans: Vec<(u32, BackendIdentity)> = sync
             .backends
             .iter()
             .filter(|(_, b)| b.refs == 0)
-            .map(|(i, _)| i.clone())
+            .map(|(i, b)| (b.id, i.clone()))
             .collect();
-        for identity in orphans {
+        // By id, so the cleanup is the same whatever the hash order.
+        orphans.sort_unstable_by_key(|(id, _)| *id);
+        for (_, identity) in orphans {
             if let Some(b) = sync.backends.remove(&identity) {
                 sync.be_ids.release(b.id);
                 cleanup.push(MapOp::DelBackend(b.id));
@@ -582,43 +678,113 @@ impl MapSync {
 
     /// Brings the maps to `table`. Services are independent: one that cannot be written is
     /// reported in [`SyncReport::failed`] and left as it was; the others are written.
+    ///
+    /// Every service is compared with what the mirror holds, without allocating, and only the
+    /// services that differ are planned and written. When the caller knows which services
+    /// changed, [`MapSync::sync_services`] skips the comparison of the others.
     pub fn sync(&mut self, table: &LbTable, maps: &mut impl MapWriter) -> SyncReport {
-        let desired = desired_entries(table);
-        let mut desired_by_service: BTreeMap<NamespacedName, BTreeMap<FeAddr, &DesiredFrontend>> =
-            BTreeMap::new();
-        for (addr, d) in &desired {
-            desired_by_service
-                .entry(d.service.clone())
-                .or_default()
-                .insert(*addr, d);
-        }
+        let groups = entries_by_service(table, None);
         // Removals first: they free room the other services may need.
         let removed: Vec<NamespacedName> = self
             .by_service
             .keys()
-            .filter(|s| !desired_by_service.contains_key(*s))
+            .filter(|s| !groups.contains_key(*s))
             .cloned()
             .collect();
+        let mut changed: Vec<(&NamespacedName, &Vec<FeAddr>)> = groups
+            .iter()
+            .filter(|(service, addrs)| !self.unchanged(service, addrs, table))
+            .map(|(service, addrs)| (*service, addrs))
+            .collect();
+        changed.sort_unstable_by(|a, b| a.0.cmp(b.0));
         let mut report = SyncReport::default();
-        let empty = BTreeMap::new();
-        for service in removed.iter() {
-            self.sync_service(service, &empty, &desired, maps, &mut report);
+        for service in &removed {
+            self.sync_service(service, &[], table, maps, &mut report);
         }
-        for (service, entries) in &desired_by_service {
-            self.sync_service(service, entries, &desired, maps, &mut report);
+        for (service, addrs) in changed {
+            self.sync_service(service, addrs, table, maps, &mut report);
         }
         report
+    }
+
+    /// Brings only `services` to what `table` says about them (a service `table` does not
+    /// have is removed). The others are neither compared nor touched, so the cost follows the
+    /// size of the change, not of the table: the node calls this when it knows which services
+    /// an event touched. `table` is the whole desired table, as for [`MapSync::sync`].
+    pub fn sync_services<'a>(
+        &mut self,
+        table: &LbTable,
+        services: impl IntoIterator<Item = &'a NamespacedName>,
+        maps: &mut impl MapWriter,
+    ) -> SyncReport {
+        let mut services: Vec<&NamespacedName> = services.into_iter().collect();
+        services.sort_unstable();
+        services.dedup();
+        let groups = entries_by_service(table, Some(&services));
+        let mut report = SyncReport::default();
+        // Removals first, as in `sync`.
+        for service in services.iter().filter(|s| !groups.contains_key(*s)) {
+            if self.by_service.contains_key(*service) {
+                self.sync_service(service, &[], table, maps, &mut report);
+            }
+        }
+        for service in &services {
+            if let Some(addrs) = groups.get(service)
+                && !self.unchanged(service, addrs, table)
+            {
+                self.sync_service(service, addrs, table, maps, &mut report);
+            }
+        }
+        report
+    }
+
+    /// Whether the maps already hold exactly `addrs` for `service`, as `table` wants them.
+    /// Compares in place (no allocation); `false` only costs a full plan of the service.
+    fn unchanged(&self, service: &NamespacedName, addrs: &[FeAddr], table: &LbTable) -> bool {
+        let Some(installed) = self.by_service.get(service) else {
+            return false;
+        };
+        if installed.len() != addrs.len() {
+            return false;
+        }
+        addrs.iter().all(|addr| {
+            let Some(old) = self.frontends.get(addr) else {
+                return false;
+            };
+            if old.broken || !installed.contains(addr) || old.service != *service {
+                return false;
+            }
+            match addr {
+                FeAddr::Wildcard(_) => {
+                    old.flags == FRONTEND_F_WILDCARD
+                        && old.affinity_timeout_s == 0
+                        && old.port_name.is_empty()
+                        && old.backends.is_empty()
+                }
+                FeAddr::Port(a) => table.frontends.get(a).is_some_and(|fe| {
+                    (old.flags, old.affinity_timeout_s) == flags_of(fe)
+                        && old.port_name == fe.port_name
+                        && same_backends(&old.identities, a, fe)
+                }),
+            }
+        })
     }
 
     fn sync_service(
         &mut self,
         service: &NamespacedName,
-        wanted: &BTreeMap<FeAddr, &DesiredFrontend>,
-        all_desired: &BTreeMap<FeAddr, DesiredFrontend>,
+        addrs: &[FeAddr],
+        table: &LbTable,
         maps: &mut impl MapWriter,
         report: &mut SyncReport,
     ) {
-        let change = match self.plan_service(service, wanted, all_desired) {
+        let desired: BTreeMap<FeAddr, DesiredFrontend> = addrs
+            .iter()
+            .filter_map(|a| Some((*a, desired_at(table, a)?)))
+            .collect();
+        let wanted: BTreeMap<FeAddr, &DesiredFrontend> =
+            desired.iter().map(|(a, d)| (*a, d)).collect();
+        let change = match self.plan_service(service, &wanted, table) {
             Ok(Some(change)) => change,
             Ok(None) => return,
             Err(e) => {
@@ -697,7 +863,7 @@ impl MapSync {
         &self,
         service: &NamespacedName,
         wanted: &BTreeMap<FeAddr, &DesiredFrontend>,
-        all_desired: &BTreeMap<FeAddr, DesiredFrontend>,
+        table: &LbTable,
     ) -> Result<Option<Change>, SyncError> {
         let mut change = Change::default();
         let mut needs = Needs::default();
@@ -720,8 +886,8 @@ impl MapSync {
             let mut missing_backends = BTreeSet::new();
             for d in wanted.values() {
                 for b in &d.backends {
-                    if !self.clusters.contains_key(&b.cluster) {
-                        missing_clusters.insert(b.cluster.clone());
+                    if !self.clusters.contains_key(&*b.cluster) {
+                        missing_clusters.insert(b.cluster.to_string());
                     }
                     if !self.backends.contains_key(b) {
                         missing_backends.insert(b.clone());
@@ -763,8 +929,8 @@ impl MapSync {
             let (addr, family) = addr_words(identity.ip);
             let cluster = self
                 .clusters
-                .get(&identity.cluster)
-                .or_else(|| new_clusters.get(&identity.cluster))
+                .get(&*identity.cluster)
+                .or_else(|| new_clusters.get(&*identity.cluster))
                 .copied()
                 .unwrap_or(0);
             change.puts.push((
@@ -822,6 +988,7 @@ impl MapSync {
                         flags: d.flags,
                         affinity_timeout_s: d.affinity_timeout_s,
                         backends: ids.clone(),
+                        identities: d.backends.clone(),
                         service: d.service.clone(),
                         port_name: d.port_name.clone(),
                         broken: false,
@@ -865,6 +1032,7 @@ impl MapSync {
                         flags: d.flags,
                         affinity_timeout_s: d.affinity_timeout_s,
                         backends: ids.clone(),
+                        identities: d.backends.clone(),
                         service: d.service.clone(),
                         port_name: d.port_name.clone(),
                         broken: false,
@@ -923,7 +1091,7 @@ impl MapSync {
         // VIP's wildcard, so a removed VIP refuses (never passes through) until it is gone.
         if let Some(installed) = self.by_service.get(service) {
             for addr in installed {
-                if all_desired.contains_key(addr) {
+                if wanted_in(table, addr) {
                     continue; // wanted here, or taken over by another service
                 }
                 let Some(old) = self.frontends.get(addr) else {
@@ -1036,6 +1204,46 @@ impl MapSync {
     }
 }
 
+/// The entries of `table` grouped by the service that owns them (see [`desired_entries`]).
+/// `only` restricts it to those services; the VIPs are still all looked at, but only their
+/// owner is compared, and with the name first (namespaces are mostly equal).
+fn entries_by_service<'t>(
+    table: &'t LbTable,
+    only: Option<&[&NamespacedName]>,
+) -> HashMap<&'t NamespacedName, Vec<FeAddr>> {
+    let keep = |s: &NamespacedName| {
+        only.is_none_or(|only| {
+            only.iter()
+                .any(|o| o.name == s.name && o.namespace == s.namespace)
+        })
+    };
+    let mut out: HashMap<&NamespacedName, Vec<FeAddr>> = HashMap::new();
+    for (ip, owner) in &table.vips {
+        if keep(owner) {
+            out.entry(owner)
+                .or_default()
+                .extend(vip_entries(table, *ip, owner));
+        }
+    }
+    out
+}
+
+/// Whether `old` (installed, in slot order) are the backends the table wants for `fe`.
+fn same_backends(old: &[BackendIdentity], addr: &FrontendAddr, fe: &Frontend) -> bool {
+    let mut new = fe
+        .backends
+        .iter()
+        .filter(|b| b.ip.is_ipv4() == addr.ip.is_ipv4());
+    old.iter().all(|o| {
+        new.next().is_some_and(|b| {
+            o.ip == b.ip
+                && o.port == b.port
+                && o.protocol == addr.protocol
+                && *o.cluster == *b.cluster.as_str()
+        })
+    }) && new.next().is_none()
+}
+
 /// Writes a whole backend set into one bank of a frontend's slots.
 fn push_bank(puts: &mut Vec<(MapOp, MapOp)>, id: u32, bank: u8, backends: &[u32]) {
     for (index, backend) in backends.iter().enumerate() {
@@ -1051,10 +1259,10 @@ fn push_bank(puts: &mut Vec<(MapOp, MapOp)>, id: u32, bank: u8, backends: &[u32]
 /// Decodes what the maps hold into the desired-entry form (what a reader of the datapath
 /// would see), for `inspect` and for tests that compare maps with the lb table.
 pub fn read_back(contents: &MapContents) -> BTreeMap<FeAddr, DesiredFrontend> {
-    let clusters: BTreeMap<u32, String> = contents
+    let clusters: BTreeMap<u32, Arc<str>> = contents
         .clusters
         .iter()
-        .map(|(k, v)| (*k, name_from_bytes(&v.name)))
+        .map(|(k, v)| (*k, name_from_bytes(&v.name).into()))
         .collect();
     let mut out = BTreeMap::new();
     for (key, fe) in contents.frontends() {
@@ -1082,7 +1290,10 @@ pub fn read_back(contents: &MapContents) -> BTreeMap<FeAddr, DesiredFrontend> {
                 continue;
             };
             backends.push(BackendIdentity {
-                cluster: clusters.get(&be.cluster).cloned().unwrap_or_default(),
+                cluster: clusters
+                    .get(&be.cluster)
+                    .cloned()
+                    .unwrap_or_else(|| "".into()),
                 ip,
                 port: port_from_word(be.port),
                 protocol,
@@ -1199,6 +1410,24 @@ mod tests {
     }
 
     fn sync_checked(sync: &mut MapSync, maps: &mut MemMaps, t: &LbTable) -> SyncReport {
+        checked(maps, t, |m| sync.sync(t, m))
+    }
+
+    /// [`MapSync::sync_services`] under the same checks as [`sync_checked`].
+    fn sync_services_checked(
+        sync: &mut MapSync,
+        maps: &mut MemMaps,
+        t: &LbTable,
+        services: &[NamespacedName],
+    ) -> SyncReport {
+        checked(maps, t, |m| sync.sync_services(t, services, m))
+    }
+
+    fn checked(
+        maps: &mut MemMaps,
+        t: &LbTable,
+        run: impl FnOnce(&mut CheckedMaps) -> SyncReport,
+    ) -> SyncReport {
         let before = read_back(&maps.contents);
         let mut checked = CheckedMaps {
             maps: std::mem::take(maps),
@@ -1206,10 +1435,96 @@ mod tests {
             after: desired_entries(t),
             violations: vec![],
         };
-        let report = sync.sync(t, &mut checked);
+        let report = run(&mut checked);
         assert!(checked.violations.is_empty(), "{:#?}", checked.violations);
         *maps = checked.maps;
         report
+    }
+
+    /// The services whose map entries differ between two tables.
+    fn changed_services(a: &LbTable, b: &LbTable) -> Vec<NamespacedName> {
+        let by_service = |t: &LbTable| {
+            let mut out: BTreeMap<NamespacedName, BTreeMap<FeAddr, DesiredFrontend>> =
+                BTreeMap::new();
+            for (addr, d) in desired_entries(t) {
+                out.entry(d.service.clone()).or_default().insert(addr, d);
+            }
+            out
+        };
+        let (a, b) = (by_service(a), by_service(b));
+        let all: BTreeSet<&NamespacedName> = a.keys().chain(b.keys()).collect();
+        all.into_iter()
+            .filter(|s| a.get(*s) != b.get(*s))
+            .cloned()
+            .collect()
+    }
+
+    #[test]
+    fn sync_services_touches_only_the_services_named() {
+        let a = IpAddr::V4(Ipv4Addr::new(241, 0, 0, 1));
+        let b = IpAddr::V4(Ipv4Addr::new(241, 0, 0, 2));
+        let t1 = table(&[
+            ("a", a, vec![(80, vec![backend("x", v4(1), 80)])]),
+            ("b", b, vec![(80, vec![backend("x", v4(2), 80)])]),
+        ]);
+        let mut sync = MapSync::new(Capacities::default());
+        let mut maps = MemMaps::new(Capacities::default());
+        sync_checked(&mut sync, &mut maps, &t1);
+        let t2 = table(&[
+            ("a", a, vec![(80, vec![backend("x", v4(3), 80)])]),
+            ("b", b, vec![(80, vec![backend("x", v4(4), 80)])]),
+        ]);
+        // Only b is named: a keeps its old backends.
+        let report = sync_services_checked(&mut sync, &mut maps, &t2, &[svc("b")]);
+        assert_eq!(report.changed, vec![svc("b")]);
+        let got = read_back(&maps.contents);
+        let port = |ip| {
+            FeAddr::Port(FrontendAddr {
+                ip,
+                port: 80,
+                protocol: Protocol::Tcp,
+            })
+        };
+        assert_eq!(got[&port(a)], desired_entries(&t1)[&port(a)]);
+        assert_eq!(got[&port(b)], desired_entries(&t2)[&port(b)]);
+        // A service that is gone from the table is removed when named.
+        let t3 = table(&[("a", a, vec![(80, vec![backend("x", v4(3), 80)])])]);
+        sync_services_checked(&mut sync, &mut maps, &t3, &[svc("a"), svc("b")]);
+        assert_eq!(read_back(&maps.contents), desired_entries(&t3));
+        // Naming an unchanged or unknown service writes nothing.
+        let again = sync_services_checked(&mut sync, &mut maps, &t3, &[svc("a"), svc("zz")]);
+        assert_eq!((again.writes, again.changed.len()), (0, 0));
+    }
+
+    /// A frontend belongs to the service that owns its VIP; one of another service's VIP (or
+    /// of no VIP) is never installed, by either sync.
+    #[test]
+    fn frontends_of_a_vip_another_service_owns_are_not_installed() {
+        let a = IpAddr::V4(Ipv4Addr::new(241, 0, 0, 1));
+        let mut t = table(&[("a", a, vec![(80, vec![backend("x", v4(1), 80)])])]);
+        let stray = |ip, port| FrontendAddr {
+            ip,
+            port,
+            protocol: Protocol::Tcp,
+        };
+        let fe = |name: &str| Frontend {
+            service: svc(name),
+            port_name: String::new(),
+            affinity_timeout_s: None,
+            backends: vec![backend("x", v4(9), 80)],
+        };
+        t.frontends.insert(stray(a, 81), fe("b"));
+        t.frontends
+            .insert(stray(IpAddr::V4(Ipv4Addr::new(241, 0, 0, 9)), 80), fe("c"));
+        assert_eq!(desired_entries(&t).len(), 2, "a:80 and a's wildcard");
+        let mut sync = MapSync::new(Capacities::default());
+        let mut maps = MemMaps::new(Capacities::default());
+        sync_checked(&mut sync, &mut maps, &t);
+        assert_eq!(read_back(&maps.contents), desired_entries(&t));
+        let mut sync2 = MapSync::new(Capacities::default());
+        let mut maps2 = MemMaps::new(Capacities::default());
+        sync_services_checked(&mut sync2, &mut maps2, &t, &[svc("a"), svc("b"), svc("c")]);
+        assert_eq!(read_back(&maps2.contents), desired_entries(&t));
     }
 
     #[test]
@@ -1461,6 +1776,25 @@ mod tests {
     }
 
     proptest! {
+        /// Naming only the services that changed gives the same maps as a full sync, with the
+        /// same per-write checks.
+        #[test]
+        fn sync_services_of_the_changed_services_follows_any_sequence(tables in prop::collection::vec(arb_table(), 1..6)) {
+            let mut sync = MapSync::new(Capacities::default());
+            let mut maps = MemMaps::new(Capacities::default());
+            let mut prev = LbTable::default();
+            for t in &tables {
+                let changed = changed_services(&prev, t);
+                let report = sync_services_checked(&mut sync, &mut maps, t, &changed);
+                prop_assert!(report.failed.is_empty(), "{:?}", report.failed);
+                prop_assert_eq!(read_back(&maps.contents), desired_entries(t));
+                // Nothing is left for a full sync to do.
+                let again = sync_checked(&mut sync, &mut maps, t);
+                prop_assert_eq!(again.writes, 0);
+                prev = t.clone();
+            }
+        }
+
         /// Any sequence of tables: after each sync the maps hold exactly the table, and no
         /// single write along the way breaks an invariant or shows a reader a mixed set.
         #[test]

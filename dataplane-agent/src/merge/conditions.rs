@@ -154,16 +154,18 @@ pub fn conflict(
     props: &Properties,
 ) -> Option<(String, String)> {
     let mut parts: Vec<(ConflictReason, String)> = Vec::new();
-    let merged = ports.key_set();
+    // Both sides hold each key once (an export's ports are validated, merged ports are
+    // unique), so the sets are equal when the sizes are and one side is in the other.
+    let merged: Vec<ports::PortKeyRef<'_>> = ports
+        .merged
+        .iter()
+        .map(|m| ports::key_ref(&m.port))
+        .collect();
     let disagree: Vec<&Export<'_>> = exports
         .iter()
         .filter(|e| {
             e.ports.len() != merged.len()
-                || e.ports
-                    .iter()
-                    .map(ports::key_ref)
-                    .collect::<std::collections::BTreeSet<_>>()
-                    != merged
+                || !e.ports.iter().all(|p| merged.contains(&ports::key_ref(p)))
         })
         .collect();
     if !disagree.is_empty() {

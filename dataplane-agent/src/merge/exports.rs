@@ -19,8 +19,10 @@
 //! Precedence: `creationTimestamp` ascending (a missing one counts as the oldest), ties broken by
 //! cluster id ascending.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::IpAddr;
+use std::collections::{BTreeMap, BTreeSet};
+
+use foldhash::{HashMap, HashMapExt};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use k8s_openapi::jiff::Timestamp;
 
@@ -42,7 +44,7 @@ pub const REASON_INVALID_SERVICE_TYPE: &str = "InvalidServiceType";
 /// The objects of one cluster, keyed and deduplicated.
 pub struct ClusterObjects<'a> {
     pub services: HashMap<Key<'a>, &'a Service>,
-    pub exports: BTreeMap<NamespacedName, &'a ServiceExport>,
+    pub exports: HashMap<Key<'a>, &'a ServiceExport>,
     /// Local slices by the Service they belong to, sorted by slice name.
     pub slices: HashMap<Key<'a>, Vec<LocalSlice<'a>>>,
 }
@@ -117,9 +119,13 @@ pub fn index_clusters<'a>(
         }
         let objs = out.entry(&snap.cluster).or_insert_with(|| ClusterObjects {
             services: HashMap::new(),
-            exports: BTreeMap::new(),
+            exports: HashMap::new(),
             slices: HashMap::new(),
         });
+        // Sized up front: growing a table of 10,000 keys rehashes it a dozen times.
+        objs.services.reserve(snap.services.len());
+        objs.exports.reserve(snap.service_exports.len());
+        objs.slices.reserve(snap.endpoint_slices.len());
         let dup = |kind: &str, (ns, name): Key<'_>| Diagnostic {
             cluster: Some(snap.cluster.clone()),
             object: format!("{kind} {ns}/{name}"),
@@ -138,10 +144,10 @@ pub fn index_clusters<'a>(
             }
         }
         for se in &snap.service_exports {
-            let id = NamespacedName::of(&se.metadata);
+            let id = key(&se.metadata);
             match objs.exports.get_mut(&id) {
                 Some(existing) => {
-                    diagnostics.push(dup("ServiceExport", key(&se.metadata)));
+                    diagnostics.push(dup("ServiceExport", id));
                     pick_duplicate(existing, se);
                 }
                 None => {
@@ -254,48 +260,82 @@ pub fn usable_address(addr: &str, family: IpFamily) -> bool {
 /// decimal octets up to 255, no leading zeros), without its generic parser: half a million
 /// endpoint addresses are checked per merge.
 pub fn is_ipv4(s: &str) -> bool {
-    let mut octets = 0;
-    for part in s.split('.') {
-        octets += 1;
-        let b = part.as_bytes();
-        let ok = match b.len() {
-            1 => b[0].is_ascii_digit(),
-            2 | 3 => {
-                b[0] != b'0'
-                    && b.iter().all(u8::is_ascii_digit)
-                    && b.iter().fold(0u32, |n, d| n * 10 + u32::from(d - b'0')) <= 255
-            }
-            _ => false,
-        };
-        if !ok || octets > 4 {
-            return false;
-        }
-    }
-    octets == 4
+    parse_ipv4(s).is_some()
 }
 
-/// Valid exports by service (each list in precedence order, oldest first), and the statuses of
-/// the invalid ones.
+/// `s` as an IPv4 address, exactly as `Ipv4Addr::from_str` parses it, in one pass over the
+/// bytes (the standard parser is generic over v4/v6 and a few times slower).
+pub fn parse_ipv4(s: &str) -> Option<Ipv4Addr> {
+    let b = s.as_bytes();
+    // "0.0.0.0" to "255.255.255.255".
+    if !(7..=15).contains(&b.len()) {
+        return None;
+    }
+    let digit = |i: usize| b.get(i).map(|c| c.wrapping_sub(b'0')).filter(|d| *d <= 9);
+    let mut octets = [0u8; 4];
+    let mut i = 0;
+    for (n, octet) in octets.iter_mut().enumerate() {
+        if n > 0 {
+            if b.get(i) != Some(&b'.') {
+                return None;
+            }
+            i += 1;
+        }
+        let mut value = u32::from(digit(i)?);
+        i += 1;
+        // A leading zero is the whole octet ("01" is refused); otherwise up to two more digits.
+        if value != 0 {
+            for _ in 0..2 {
+                let Some(d) = digit(i) else { break };
+                value = value * 10 + u32::from(d);
+                i += 1;
+            }
+        }
+        *octet = u8::try_from(value).ok()?;
+    }
+    (i == b.len()).then(|| Ipv4Addr::from(octets))
+}
+
+/// `s` as an IP address, exactly as `IpAddr::from_str` parses it, with the common IPv4 case
+/// on the fast path.
+pub fn parse_ip(s: &str) -> Option<IpAddr> {
+    match parse_ipv4(s) {
+        Some(v4) => Some(IpAddr::V4(v4)),
+        None => s.parse::<Ipv6Addr>().ok().map(IpAddr::V6),
+    }
+}
+
+/// Valid exports by service, sorted by namespace/name (each list in precedence order, oldest
+/// first), and the statuses of the invalid ones (unsorted).
 pub fn collect<'a>(
     clusters: &'a BTreeMap<&'a ClusterId, ClusterObjects<'a>>,
-) -> (BTreeMap<NamespacedName, Vec<Export<'a>>>, Vec<ExportStatus>) {
-    let mut by_service: BTreeMap<NamespacedName, Vec<Export<'a>>> = BTreeMap::new();
+) -> (Vec<(Key<'a>, Vec<Export<'a>>)>, Vec<ExportStatus>) {
+    // Grouped by hash, then only the services are sorted (not every export).
+    // At least as many services as the largest cluster exports.
+    let mut by_service: HashMap<Key<'a>, Vec<Export<'a>>> = HashMap::with_capacity(
+        clusters
+            .values()
+            .map(|o| o.exports.len())
+            .max()
+            .unwrap_or(0),
+    );
     let mut statuses = Vec::new();
     for (cluster, objs) in clusters {
-        for (id, se) in &objs.exports {
-            let k = (id.namespace.as_str(), id.name.as_str());
-            let slices: &[LocalSlice<'_>] = objs.slices.get(&k).map(Vec::as_slice).unwrap_or(&[]);
-            match validate(cluster, objs.services.get(&k).copied(), se, slices) {
-                Ok(export) => by_service.entry(id.clone()).or_default().push(export),
+        for (k, se) in &objs.exports {
+            let slices: &[LocalSlice<'_>] = objs.slices.get(k).map(Vec::as_slice).unwrap_or(&[]);
+            match validate(cluster, objs.services.get(k).copied(), se, slices) {
+                Ok(export) => by_service.entry(*k).or_default().push(export),
                 Err((reason, message)) => statuses.push(ExportStatus {
                     cluster: (*cluster).clone(),
-                    service: id.clone(),
+                    service: NamespacedName::new(k.0, k.1),
                     conditions: conditions::invalid_export(&reason, &message),
                 }),
             }
         }
     }
-    for exports in by_service.values_mut() {
+    let mut by_service: Vec<(Key<'a>, Vec<Export<'a>>)> = by_service.into_iter().collect();
+    by_service.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    for (_, exports) in &mut by_service {
         exports.sort_by(|a, b| a.precedence().cmp(&b.precedence()));
     }
     (by_service, statuses)
@@ -380,11 +420,9 @@ fn validate<'a>(
 pub fn normalize_ports(
     ports: &[k8s_openapi::api::core::v1::ServicePort],
 ) -> Result<Vec<ServicePort>, Vec<String>> {
-    let mut out = Vec::with_capacity(ports.len());
+    let mut out: Vec<ServicePort> = Vec::with_capacity(ports.len());
     let mut problems = Vec::new();
-    let mut names: BTreeSet<&str> = BTreeSet::new();
-    let mut numbers: BTreeSet<(&str, i32)> = BTreeSet::new();
-    for p in ports {
+    for (i, p) in ports.iter().enumerate() {
         let shown = p.name.as_deref().unwrap_or("");
         let protocol = p.protocol.as_deref().unwrap_or("TCP");
         if !matches!(protocol, "TCP" | "UDP" | "SCTP") {
@@ -398,10 +436,18 @@ pub fn normalize_ports(
                 p.port
             ));
         }
-        if !names.insert(shown) {
+        // A Service has a handful of ports: looking back over them beats building sets.
+        let earlier = &ports[..i];
+        if earlier
+            .iter()
+            .any(|q| q.name.as_deref().unwrap_or("") == shown)
+        {
             problems.push(format!("port name {shown:?} is used twice"));
         }
-        if !numbers.insert((protocol, p.port)) {
+        if earlier
+            .iter()
+            .any(|q| q.port == p.port && q.protocol.as_deref().unwrap_or("TCP") == protocol)
+        {
             problems.push(format!("{}/{protocol} is declared twice", p.port));
         }
         out.push(ServicePort {
@@ -449,6 +495,13 @@ mod tests {
             prop_assert_eq!(is_ipv4(&s), s.parse::<std::net::Ipv4Addr>().is_ok(), "{}", s);
         }
 
+        /// The fast parsers give what the standard library's do.
+        #[test]
+        fn parse_ip_matches_std(s in "[0-9.]{0,16}|[0-9a-f:.]{0,20}|\\PC{0,20}") {
+            prop_assert_eq!(parse_ipv4(&s), s.parse::<Ipv4Addr>().ok(), "{}", s);
+            prop_assert_eq!(parse_ip(&s), s.parse::<IpAddr>().ok(), "{}", s);
+        }
+
         /// Near-valid quads: octets past 255, leading zeros, missing or extra octets.
         #[test]
         fn is_ipv4_matches_std_on_quads(
@@ -460,6 +513,7 @@ mod tests {
                 .collect();
             let s = s.join(".");
             prop_assert_eq!(is_ipv4(&s), s.parse::<std::net::Ipv4Addr>().is_ok(), "{}", s);
+            prop_assert_eq!(parse_ipv4(&s), s.parse::<Ipv4Addr>().ok(), "{}", s);
         }
     }
 
@@ -479,6 +533,11 @@ mod tests {
             "a.b.c.d",
             "::1",
             "1.2.3.4 ",
+            "1.2.3.04",
+            "1.2.3.1000",
+            "255.255.255.256",
+            "0.0.0.00",
+            "+1.2.3.4",
         ] {
             assert!(!is_ipv4(bad), "{bad}");
         }

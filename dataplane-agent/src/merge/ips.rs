@@ -17,7 +17,9 @@
 //! with `ipFamilies`), whatever the existing imports hold, and the caller marks them
 //! `Ready=False`.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
+
+use foldhash::{HashSet, HashSetExt};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::ClusterSetCidrs;
@@ -32,8 +34,13 @@ pub struct Request<'a> {
 
 /// FNV-1a, 64 bits: stable across Rust versions and platforms, unlike `DefaultHasher`.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
+    fnv1a_parts(&[bytes])
+}
+
+/// FNV-1a of the concatenation of `parts`, without building it.
+pub fn fnv1a_parts(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
+    for b in parts.iter().copied().flatten() {
         h ^= u64::from(*b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
@@ -93,7 +100,9 @@ impl Pool {
         if self.usable == 0 {
             return None;
         }
-        let start = u128::from(fnv1a(service.to_string().as_bytes())) % self.usable;
+        // The hash of `namespace/name`.
+        let hash = fnv1a_parts(&[service.namespace.as_bytes(), b"/", service.name.as_bytes()]);
+        let start = u128::from(hash) % self.usable;
         // Bounded by the pool size; a full pool ends the loop without a result.
         let mut i: u128 = 0;
         while i < self.usable {
@@ -152,7 +161,8 @@ pub fn allocate(
     old.dedup_by(|a, b| a.0 == b.0);
     let old: BTreeMap<NamespacedName, &Vec<String>> = old.into_iter().collect();
 
-    let mut chosen: BTreeMap<&NamespacedName, Vec<Option<IpAddr>>> = BTreeMap::new();
+    // Aligned with `sorted`: indexing beats keying 10,000 services by name.
+    let mut chosen: Vec<Vec<Option<IpAddr>>> = Vec::with_capacity(sorted.len());
     for r in &sorted {
         let mut slots = vec![None; r.families.len()];
         if let Some(ips) = old.get(r.service) {
@@ -172,13 +182,10 @@ pub fn allocate(
                 }
             }
         }
-        chosen.insert(r.service, slots);
+        chosen.push(slots);
     }
-    let mut out = BTreeMap::new();
-    for r in &sorted {
-        let Some(slots) = chosen.get_mut(r.service) else {
-            continue;
-        };
+    let mut out = Vec::with_capacity(sorted.len());
+    for (r, slots) in sorted.iter().zip(&mut chosen) {
         for (i, f) in r.families.iter().enumerate() {
             if slots[i].is_none() {
                 let pool = match f {
@@ -189,13 +196,14 @@ pub fn allocate(
             }
         }
         if slots.iter().all(Option::is_some) {
-            out.insert(
+            out.push((
                 r.service.clone(),
                 slots.iter().flatten().map(IpAddr::to_string).collect(),
-            );
+            ));
         }
     }
-    out
+    // Already in order: the map is built without searching.
+    out.into_iter().collect()
 }
 
 #[cfg(test)]

@@ -210,11 +210,29 @@ pub fn merge(
 ) -> MergePlan {
     let mut diagnostics = Vec::new();
     let clusters = exports::index_clusters(snapshots, &mut diagnostics);
-    let (by_service, mut export_statuses) = exports::collect(&clusters);
+    let (by_service, invalid_statuses) = exports::collect(&clusters);
+    // Statuses are listed by cluster, then service. Kept in one list per cluster: the valid
+    // ones arrive in service order, so each list is nearly sorted already.
+    let cluster_index: BTreeMap<&ClusterId, usize> =
+        clusters.keys().enumerate().map(|(i, c)| (*c, i)).collect();
+    let mut statuses_by_cluster: Vec<Vec<ExportStatus>> =
+        (0..clusters.len()).map(|_| Vec::new()).collect();
+    let mut push_status = |status: ExportStatus| {
+        if let Some(list) = cluster_index
+            .get(&status.cluster)
+            .and_then(|i| statuses_by_cluster.get_mut(*i))
+        {
+            list.push(status);
+        }
+    };
+    for status in invalid_statuses {
+        push_status(status);
+    }
     let local_families = config.supported_families(importing);
 
-    let mut drafts = Vec::new();
-    for (service, exports) in &by_service {
+    let mut drafts = Vec::with_capacity(by_service.len());
+    for ((namespace, name), exports) in &by_service {
+        let service = NamespacedName::new(*namespace, *name);
         let fams = families::merge(exports, config.ip_family_policy, &local_families);
         let contributing: Vec<&exports::Export<'_>> = exports
             .iter()
@@ -224,14 +242,14 @@ pub fn merge(
         let props = properties::merge(exports);
         let conflict = conditions::conflict(exports, &fams, &ports, &props);
         for e in exports {
-            export_statuses.push(ExportStatus {
+            push_status(ExportStatus {
                 cluster: e.cluster.clone(),
                 service: service.clone(),
                 conditions: conditions::valid_export(conflict.clone()),
             });
         }
         drafts.push(Draft {
-            service: service.clone(),
+            service,
             contributing,
             families: fams,
             ports,
@@ -247,13 +265,25 @@ pub fn merge(
             families: &d.families.import,
         })
         .collect();
-    let allocated = ips::allocate(&requests, existing, &config.cidrs);
+    // Both in service order: walked side by side with the drafts, no lookups.
+    let mut allocated = ips::allocate(&requests, existing, &config.cidrs)
+        .into_iter()
+        .peekable();
 
     let mut plan = MergePlan {
         importing_cluster: Some(importing.clone()),
         ..Default::default()
     };
     let mut names = slices::NameAllocator::default();
+    // About one slice per contributing cluster and family.
+    plan.endpoint_slices.reserve(
+        drafts
+            .iter()
+            .map(|d| d.contributing.len() * d.families.import.len())
+            .sum(),
+    );
+    plan.service_imports.reserve(drafts.len());
+    plan.routing.reserve(drafts.len());
     for d in &drafts {
         let mut ready = if d.families.supported {
             conditions::import_ready()
@@ -262,8 +292,9 @@ pub fn merge(
         };
         let mut ips_out = Vec::new();
         if d.props.winner.type_ == ServiceImportType::ClusterSetIP && d.families.supported {
-            match allocated.get(&d.service) {
-                Some(ips) => ips_out = ips.clone(),
+            while allocated.next_if(|(s, _)| *s < d.service).is_some() {}
+            match allocated.next_if(|(s, _)| *s == d.service) {
+                Some((_, ips)) => ips_out = ips,
                 None => ready = conditions::import_no_ip(&d.families.import),
             }
         }
@@ -286,27 +317,48 @@ pub fn merge(
                 .collect(),
         };
         if d.families.supported {
-            plan.endpoint_slices.append(&mut slices::build(
+            slices::build(
                 &d.service,
                 &d.contributing,
                 &routing,
                 &mut names,
-            ));
+                &mut plan.endpoint_slices,
+            );
         }
         plan.service_imports.push(build_import(d, ips_out, ready));
         plan.routing.push(routing);
     }
 
-    // (cluster, service) is unique, so this order is total.
-    export_statuses.sort_by(|a, b| (&a.cluster, &a.service).cmp(&(&b.cluster, &b.service)));
+    // (cluster, service) is unique, so this order is total. The sort is stable for its speed
+    // on the long sorted run, not for ties (there are none).
+    let mut export_statuses = Vec::with_capacity(statuses_by_cluster.iter().map(Vec::len).sum());
+    for mut list in statuses_by_cluster {
+        list.sort_by(|a, b| a.service.cmp(&b.service));
+        export_statuses.append(&mut list);
+    }
     plan.export_statuses = export_statuses;
-    plan.endpoint_slices.sort_by(|a, b| {
-        (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
-    });
+    plan.endpoint_slices = sorted_by_name(std::mem::take(&mut plan.endpoint_slices));
     diagnostics.sort();
     diagnostics.dedup();
     plan.diagnostics = diagnostics;
     plan
+}
+
+/// Slices sorted by namespace/name (unique: [`slices::NameAllocator`] hands out each name
+/// once). A slice is over 400 bytes, so the order is found on indices and each slice is then
+/// moved once, instead of being moved at every step of the sort.
+fn sorted_by_name(slices: Vec<EndpointSlice>) -> Vec<EndpointSlice> {
+    fn key(s: &EndpointSlice) -> (Option<&str>, Option<&str>) {
+        (s.metadata.namespace.as_deref(), s.metadata.name.as_deref())
+    }
+    // Built in service order, which is nearly always the slices' name order already.
+    if slices.is_sorted_by(|a, b| key(a) <= key(b)) {
+        return slices;
+    }
+    let mut order: Vec<usize> = (0..slices.len()).collect();
+    order.sort_unstable_by(|a, b| key(&slices[*a]).cmp(&key(&slices[*b])));
+    let mut slots: Vec<Option<EndpointSlice>> = slices.into_iter().map(Some).collect();
+    order.into_iter().filter_map(|i| slots[i].take()).collect()
 }
 
 /// One service between the merge steps and the output objects.

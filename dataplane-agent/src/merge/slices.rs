@@ -20,7 +20,9 @@
 //! characters the same way.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+
+use foldhash::{HashMap, HashSet};
 
 use super::ServiceRouting;
 use super::exports::{Export, usable_address};
@@ -144,14 +146,15 @@ impl<'a> Imported<'a> {
 /// A port of an imported slice: (name, protocol, number, appProtocol), in merged-port order.
 type SlicePort<'a> = (&'a str, &'a str, i32, Option<&'a str>);
 
-/// Builds the imported slices of one service.
+/// Builds the imported slices of one service, appended to `out` (the plan's list: a slice is
+/// over 400 bytes, so it is built in its final place rather than moved there).
 pub fn build(
     service: &NamespacedName,
     contributing: &[&Export<'_>],
     routing: &ServiceRouting,
     names: &mut NameAllocator,
-) -> Vec<EndpointSlice> {
-    let mut out = Vec::new();
+    out: &mut Vec<EndpointSlice>,
+) {
     let mut sorted: Vec<&&Export<'_>> = contributing.iter().collect();
     sorted.sort_by_key(|e| e.cluster);
     for e in sorted {
@@ -164,8 +167,9 @@ pub fn build(
             if !clusters.contains(e.cluster) {
                 continue;
             }
-            // Endpoints grouped by the ports their slice gives them.
-            let mut groups: BTreeMap<Vec<SlicePort<'_>>, Vec<Imported<'_>>> = BTreeMap::new();
+            // Endpoints grouped by the ports their slice gives them: nearly always one group,
+            // so a list, sorted by ports before use.
+            let mut groups: Vec<(Vec<SlicePort<'_>>, Vec<Imported<'_>>)> = Vec::new();
             for local in e
                 .local_slices
                 .iter()
@@ -187,7 +191,15 @@ pub fn build(
                 if ports.is_empty() && !e.ports.is_empty() {
                     continue;
                 }
-                let group = groups.entry(ports).or_default();
+                let group = match groups.iter().position(|(p, _)| *p == ports) {
+                    Some(i) => &mut groups[i].1,
+                    None => {
+                        groups.push((ports, Vec::new()));
+                        let last = groups.len() - 1;
+                        &mut groups[last].1
+                    }
+                };
+                group.reserve(local.slice.endpoints.len());
                 group.extend(
                     local
                         .slice
@@ -196,16 +208,21 @@ pub fn build(
                         .filter_map(|ep| Imported::of(ep, *family, local.clean)),
                 );
             }
-            let base = format!(
-                "{}-{}-{}",
-                service.name,
-                e.cluster,
-                family.address_type().to_ascii_lowercase()
-            );
+            let suffix = match family {
+                IpFamily::IPv4 => "ipv4",
+                IpFamily::IPv6 => "ipv6",
+            };
+            // `<service>-<cluster>-<family>`, without the formatting machinery (once per slice).
+            let mut base = String::with_capacity(service.name.len() + e.cluster.as_str().len() + 6);
+            for part in [service.name.as_str(), "-", e.cluster.as_str(), "-", suffix] {
+                base.push_str(part);
+            }
             let salt = || format!("{service}/{}", e.cluster);
             let mut index = 0usize;
+            groups.sort_by(|a, b| a.0.cmp(&b.0));
             for (ports, mut endpoints) in groups {
-                endpoints.sort();
+                // Equal endpoints are identical, so an unstable sort gives the same list.
+                endpoints.sort_unstable();
                 endpoints.dedup();
                 for chunk in endpoints.chunks(MAX_ENDPOINTS) {
                     let chunk: Vec<Endpoint> = chunk.iter().map(Imported::to_endpoint).collect();
@@ -221,7 +238,6 @@ pub fn build(
             }
         }
     }
-    out
 }
 
 fn slice(
@@ -234,7 +250,10 @@ fn slice(
 ) -> EndpointSlice {
     let labels = BTreeMap::from([
         (LABEL_SERVICE_NAME.to_owned(), service.name.clone()),
-        (LABEL_SOURCE_CLUSTER.to_owned(), e.cluster.to_string()),
+        (
+            LABEL_SOURCE_CLUSTER.to_owned(),
+            e.cluster.as_str().to_owned(),
+        ),
         (LABEL_MANAGED_BY.to_owned(), MANAGED_BY.to_owned()),
     ]);
     EndpointSlice {

@@ -319,6 +319,22 @@ proptest! {
         let _ = crate::lb::build(&first.service_imports, &first.endpoint_slices);
     }
 
+    /// Every list of the plan is in its documented order: imports and slices by
+    /// namespace/name, export statuses by cluster then service.
+    #[test]
+    fn plan_lists_are_sorted((clusters, cfg, existing) in arb_case()) {
+        let snaps = snapshots(&clusters);
+        let importing = ClusterId::new("c0").expect("id");
+        let plan = merge(&snaps, &cfg, &importing, &existing);
+        let key = |m: &ObjectMeta| (m.namespace.clone(), m.name.clone());
+        prop_assert!(plan.service_imports.windows(2).all(|w| key(&w[0].metadata) < key(&w[1].metadata)));
+        prop_assert!(plan.endpoint_slices.windows(2).all(|w| key(&w[0].metadata) < key(&w[1].metadata)));
+        prop_assert!(plan
+            .export_statuses
+            .windows(2)
+            .all(|w| (&w[0].cluster, &w[0].service) < (&w[1].cluster, &w[1].service)));
+    }
+
     #[test]
     fn arbitrary_manifests_never_panic(texts in prop::collection::vec(arb_yaml(), 1..4)) {
         let mut snaps = Vec::new();
@@ -477,4 +493,58 @@ fn duplicate_cluster_snapshots_are_combined_and_reported() {
     assert_eq!(plan.export_statuses.len(), 1);
     assert_eq!(plan.export_statuses[0].conditions[0].reason, "NoService");
     assert!(plan.diagnostics[0].message.contains("given more than once"));
+}
+
+/// Slice names do not always sort like their services ("web" < "web-a", but
+/// "web-a-c1-ipv4" < "web-c1-ipv4"): the plan still lists slices by name.
+#[test]
+fn slices_are_listed_by_name_even_when_services_sort_otherwise() {
+    let c1 = ClusterId::new("c1").expect("id");
+    let mut text = String::new();
+    for name in ["web", "web-a"] {
+        text.push_str(&format!(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: demo}}
+spec: {{ports: [{{name: http, port: 80}}], ipFamilies: [IPv4]}}
+---
+apiVersion: multicluster.x-k8s.io/v1beta1
+kind: ServiceExport
+metadata: {{name: {name}, namespace: demo}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: {name}-1, namespace: demo, labels: {{kubernetes.io/service-name: {name}}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}]
+endpoints: [{{addresses: [10.0.0.1]}}]
+---
+"#
+        ));
+    }
+    let (objects, errors) = parse_documents(&text, Path::new("t.yaml"));
+    assert!(errors.is_empty(), "{errors:?}");
+    let mut snap = ClusterSnapshot::empty(c1.clone());
+    for m in objects {
+        match m {
+            Manifest::Service(s) => snap.services.push(*s),
+            Manifest::ServiceExport(s) => snap.service_exports.push(*s),
+            Manifest::EndpointSlice(s) => snap.endpoint_slices.push(*s),
+            Manifest::ServiceImport(_) => {}
+        }
+    }
+    let plan = merge(&[snap], &ClusterSetConfig::default(), &c1, &[]);
+    let names: Vec<&str> = plan
+        .endpoint_slices
+        .iter()
+        .filter_map(|s| s.metadata.name.as_deref())
+        .collect();
+    assert_eq!(names, vec!["web-a-c1-ipv4", "web-c1-ipv4"]);
+    let imports: Vec<&str> = plan
+        .service_imports
+        .iter()
+        .filter_map(|s| s.metadata.name.as_deref())
+        .collect();
+    assert_eq!(imports, vec!["web", "web-a"]);
 }

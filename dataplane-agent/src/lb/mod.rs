@@ -24,8 +24,10 @@ use std::{
     net::IpAddr,
 };
 
+use foldhash::{HashMap, HashMapExt};
 use serde::Serialize;
 
+use crate::merge::exports::{Key, key, parse_ip};
 use crate::model::{
     ClusterId, EndpointSlice, IpFamily, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, NamespacedName,
     ServiceImport, ServiceImportType,
@@ -146,55 +148,78 @@ impl LbTable {
 }
 
 /// A usable endpoint of one slice, before port selection.
+#[derive(Clone, Copy)]
 struct SliceEndpoint {
     ip: IpAddr,
     ready: bool,
     serving_terminating: bool,
 }
 
-/// An imported slice reduced to what routing needs.
-struct ImportedSlice {
+/// An imported slice reduced to what routing needs. Port names borrow from the input.
+struct ImportedSlice<'a> {
     cluster: ClusterId,
     family: IpFamily,
-    /// (name, protocol) → port number.
-    ports: BTreeMap<(String, Protocol), u16>,
+    /// (name, protocol, number), each (name, protocol) once. A handful per slice, so a list
+    /// scanned in order beats a map.
+    ports: Vec<(&'a str, Protocol, u16)>,
     endpoints: Vec<SliceEndpoint>,
+    /// Whether any endpoint is ready: decides the serving+terminating fallback cheaply.
+    any_ready: bool,
+}
+
+impl ImportedSlice<'_> {
+    /// The slice's port number for a frontend port of this name and protocol.
+    fn port(&self, name: &str, protocol: Protocol) -> Option<u16> {
+        self.ports
+            .iter()
+            .find(|(n, p, _)| *n == name && *p == protocol)
+            .map(|(_, _, number)| *number)
+    }
 }
 
 fn parse_family(address_type: &str) -> Option<IpFamily> {
     address_type.parse().ok()
 }
 
+/// The slices of each service (namespace, service-name label), borrowed from the input.
+type SlicesByService<'a> = HashMap<Key<'a>, Vec<ImportedSlice<'a>>>;
+
 /// Reads the slices of every service, skipping (and reporting) malformed ones.
-fn index_slices(
-    slices: &[EndpointSlice],
+fn index_slices<'a>(
+    slices: &'a [EndpointSlice],
     warnings: &mut Vec<LbWarning>,
-) -> BTreeMap<NamespacedName, Vec<ImportedSlice>> {
-    let mut by_service: BTreeMap<NamespacedName, Vec<ImportedSlice>> = BTreeMap::new();
+) -> SlicesByService<'a> {
+    let mut by_service: SlicesByService<'a> = HashMap::with_capacity(slices.len());
+    // Each source-cluster label value is checked and turned into a ClusterId once; the
+    // backends then share it.
+    let mut clusters: HashMap<&'a str, Result<ClusterId, String>> = HashMap::new();
     for slice in slices {
-        let id = NamespacedName::of(&slice.metadata);
-        let object = format!("EndpointSlice {id}");
+        let (namespace, slice_name) = key(&slice.metadata);
+        // The object is only named when something is wrong: no formatting on the good path.
         let mut warn = |message: String| {
             warnings.push(LbWarning {
-                object: object.clone(),
+                object: format!("EndpointSlice {namespace}/{slice_name}"),
                 message,
             })
         };
-        let labels = slice.metadata.labels.clone().unwrap_or_default();
-        let Some(service) = labels.get(LABEL_SERVICE_NAME) else {
+        let labels = slice.metadata.labels.as_ref();
+        let Some(service) = labels.and_then(|l| l.get(LABEL_SERVICE_NAME)) else {
             warn(format!(
                 "no {LABEL_SERVICE_NAME} label; not an imported slice"
             ));
             continue;
         };
-        let cluster = match labels.get(LABEL_SOURCE_CLUSTER).map(ClusterId::new) {
-            Some(Ok(c)) => c,
-            Some(Err(e)) => {
-                warn(e.to_string());
-                continue;
-            }
-            None => {
-                warn(format!("no {LABEL_SOURCE_CLUSTER} label"));
+        let Some(raw_cluster) = labels.and_then(|l| l.get(LABEL_SOURCE_CLUSTER)) else {
+            warn(format!("no {LABEL_SOURCE_CLUSTER} label"));
+            continue;
+        };
+        let cluster = match clusters
+            .entry(raw_cluster.as_str())
+            .or_insert_with(|| ClusterId::new(raw_cluster.as_str()).map_err(|e| e.to_string()))
+        {
+            Ok(c) => c.clone(),
+            Err(e) => {
+                warn(e.clone());
                 continue;
             }
         };
@@ -205,9 +230,9 @@ fn index_slices(
             ));
             continue;
         };
-        let mut ports = BTreeMap::new();
+        let mut ports: Vec<(&str, Protocol, u16)> = Vec::new();
         for p in slice.ports.iter().flatten() {
-            let name = p.name.clone().unwrap_or_default();
+            let name = p.name.as_deref().unwrap_or("");
             let protocol = match Protocol::parse(p.protocol.as_deref()) {
                 Ok(proto) => proto,
                 Err(other) => {
@@ -228,68 +253,107 @@ fn index_slices(
                 ));
                 continue;
             };
-            if ports.insert((name.clone(), protocol), number).is_some() {
-                warn(format!(
-                    "port {name:?}/{protocol} appears twice; the last one is used"
-                ));
+            match ports
+                .iter_mut()
+                .find(|(n, proto, _)| *n == name && *proto == protocol)
+            {
+                Some(existing) => {
+                    existing.2 = number;
+                    warn(format!(
+                        "port {name:?}/{protocol} appears twice; the last one is used"
+                    ));
+                }
+                None => ports.push((name, protocol, number)),
             }
         }
-        let mut endpoints = Vec::new();
+        let mut endpoints = Vec::with_capacity(slice.endpoints.len());
         for ep in &slice.endpoints {
-            let cond = ep.conditions.clone().unwrap_or_default();
+            let cond = ep.conditions.as_ref();
             // EndpointConditions: a nil `ready` means ready, a nil `serving` means `ready`.
-            let ready = cond.ready.unwrap_or(true);
-            let serving = cond.serving.unwrap_or(ready);
-            let terminating = cond.terminating.unwrap_or(false);
+            let ready = cond.and_then(|c| c.ready).unwrap_or(true);
+            let serving = cond.and_then(|c| c.serving).unwrap_or(ready);
+            let terminating = cond.and_then(|c| c.terminating).unwrap_or(false);
             for addr in &ep.addresses {
-                match addr.parse::<IpAddr>() {
-                    Ok(ip) if IpFamily::of(&ip) == family => endpoints.push(SliceEndpoint {
+                match parse_ip(addr) {
+                    Some(ip) if IpFamily::of(&ip) == family => endpoints.push(SliceEndpoint {
                         ip,
                         ready,
                         serving_terminating: serving && terminating,
                     }),
-                    Ok(ip) => warn(format!(
+                    Some(ip) => warn(format!(
                         "address {ip} does not match addressType {family}; skipped"
                     )),
-                    Err(_) => warn(format!("address {addr:?} is not an IP address; skipped")),
+                    None => warn(format!("address {addr:?} is not an IP address; skipped")),
                 }
             }
         }
+        // In address order: with the slices of a service in cluster order (below), a frontend's
+        // backends then usually come out sorted, and sorting them is a single check.
+        endpoints.sort_unstable_by_key(|e| e.ip);
         by_service
-            .entry(NamespacedName::new(id.namespace.clone(), service.clone()))
+            .entry((namespace, service.as_str()))
             .or_default()
             .push(ImportedSlice {
                 cluster,
                 family,
                 ports,
+                any_ready: endpoints.iter().any(|e| e.ready),
                 endpoints,
             });
     }
+    for slices in by_service.values_mut() {
+        slices.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+    }
     by_service
+}
+
+/// One import per namespace/name, sorted by it. Of several imports with one namespace/name the
+/// one whose JSON is smallest is used (and the duplicate reported), so the choice does not
+/// depend on the input order.
+fn unique_imports<'a>(
+    imports: &'a [ServiceImport],
+    warnings: &mut Vec<LbWarning>,
+) -> Vec<(Key<'a>, &'a ServiceImport)> {
+    let mut sorted: Vec<(Key<'a>, &'a ServiceImport)> =
+        imports.iter().map(|si| (key(&si.metadata), si)).collect();
+    sorted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let json = |si: &ServiceImport| serde_json::to_string(si).unwrap_or_default();
+    let mut out: Vec<(Key<'a>, &'a ServiceImport)> = Vec::with_capacity(sorted.len());
+    for (k, si) in sorted {
+        match out.last_mut() {
+            Some((last, kept)) if *last == k => {
+                warnings.push(LbWarning {
+                    object: format!("ServiceImport {}/{}", k.0, k.1),
+                    message: "defined more than once; one definition is used".into(),
+                });
+                if json(si) < json(kept) {
+                    *kept = si;
+                }
+            }
+            _ => out.push((k, si)),
+        }
+    }
+    out
 }
 
 /// Builds the table. The result depends only on the set of inputs, not on their order.
 pub fn build(imports: &[ServiceImport], slices: &[EndpointSlice]) -> LbTable {
     let mut table = LbTable::default();
     let slices_by_service = index_slices(slices, &mut table.warnings);
+    // Reused across frontends: the slices that serve the current one, with their port.
+    let mut serving: Vec<(&ImportedSlice<'_>, u16)> = Vec::new();
 
     // Sorted, so a VIP claimed twice goes to the same import whatever the input order.
-    let mut sorted: Vec<&ServiceImport> = imports.iter().collect();
-    sorted.sort_by_key(|si| NamespacedName::of(&si.metadata));
-    sorted.dedup_by_key(|si| NamespacedName::of(&si.metadata));
-
-    for si in sorted {
-        let service = NamespacedName::of(&si.metadata);
-        let object = format!("ServiceImport {service}");
-        let mut warn = |message: String| {
-            table.warnings.push(LbWarning {
-                object: object.clone(),
-                message,
-            })
-        };
+    for ((namespace, name), si) in unique_imports(imports, &mut table.warnings) {
         if si.spec.type_ == ServiceImportType::Headless {
             continue;
         }
+        let mut warn = |message: String| {
+            table.warnings.push(LbWarning {
+                object: format!("ServiceImport {namespace}/{name}"),
+                message,
+            })
+        };
         let affinity_timeout_s =
             (si.spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
                 si.spec
@@ -302,14 +366,14 @@ pub fn build(imports: &[ServiceImport], slices: &[EndpointSlice]) -> LbTable {
                     .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_S)
             });
         let service_slices = slices_by_service
-            .get(&service)
+            .get(&(namespace, name))
             .map(Vec::as_slice)
             .unwrap_or(&[]);
 
         // ips[i] is the VIP of ipFamilies[i]; when ipFamilies is empty each IP's own family counts.
         let mut vips: Vec<(IpFamily, IpAddr)> = Vec::new();
         for (i, raw) in si.spec.ips.iter().enumerate() {
-            let Ok(ip) = raw.parse::<IpAddr>() else {
+            let Some(ip) = parse_ip(raw) else {
                 warn(format!("ips[{i}] {raw:?} is not an IP address; skipped"));
                 continue;
             };
@@ -335,53 +399,71 @@ pub fn build(imports: &[ServiceImport], slices: &[EndpointSlice]) -> LbTable {
             vips.push((family, ip));
         }
 
-        let mut ports_seen = BTreeSet::new();
-        let mut ports = Vec::new();
+        // (name, protocol, number); a Service has a handful of ports, so a list is enough to
+        // find the (number, protocol) listed twice.
+        let mut ports: Vec<(&str, Protocol, u16)> = Vec::with_capacity(si.spec.ports.len());
         for p in &si.spec.ports {
-            let name = p.name.clone().unwrap_or_default();
+            let port_name = p.name_or_empty();
             let protocol = match Protocol::parse(p.protocol.as_deref()) {
                 Ok(proto) => proto,
                 Err(other) => {
                     warn(format!(
-                        "port {name:?}: protocol {other} is not load-balanced at socket level"
+                        "port {port_name:?}: protocol {other} is not load-balanced at socket level"
                     ));
                     continue;
                 }
             };
             let Some(number) = u16::try_from(p.port).ok().filter(|n| *n > 0) else {
-                warn(format!("port {name:?}: {} is not in 1..65535", p.port));
+                warn(format!("port {port_name:?}: {} is not in 1..65535", p.port));
                 continue;
             };
-            if !ports_seen.insert((number, protocol)) {
+            if ports
+                .iter()
+                .any(|(_, pr, n)| *n == number && *pr == protocol)
+            {
                 warn(format!("port {number}/{protocol} is listed twice; skipped"));
                 continue;
             }
-            ports.push((name, protocol, number));
+            ports.push((port_name, protocol, number));
         }
 
+        if vips.is_empty() {
+            continue;
+        }
+        let service = NamespacedName::new(namespace, name);
         for (family, vip) in vips {
             table.vips.insert(vip, service.clone());
-            for (name, protocol, number) in &ports {
-                let mut ready = BTreeSet::new();
-                let mut fallback = BTreeSet::new();
-                for slice in service_slices.iter().filter(|s| s.family == family) {
-                    let Some(target) = slice.ports.get(&(name.clone(), *protocol)) else {
-                        continue;
-                    };
+            for (port_name, protocol, number) in &ports {
+                serving.clear();
+                serving.extend(
+                    service_slices
+                        .iter()
+                        .filter(|s| s.family == family)
+                        .filter_map(|s| Some((s, s.port(port_name, *protocol)?))),
+                );
+                // Ready endpoints; only when none is ready, the serving and terminating ones.
+                let any_ready = serving.iter().any(|(s, _)| s.any_ready);
+                let mut backends: Vec<Backend> =
+                    Vec::with_capacity(serving.iter().map(|(s, _)| s.endpoints.len()).sum());
+                for (slice, target) in &serving {
                     for ep in &slice.endpoints {
-                        let backend = Backend {
-                            cluster: slice.cluster.clone(),
-                            ip: ep.ip,
-                            port: *target,
+                        let usable = if any_ready {
+                            ep.ready
+                        } else {
+                            ep.serving_terminating
                         };
-                        if ep.ready {
-                            ready.insert(backend);
-                        } else if ep.serving_terminating {
-                            fallback.insert(backend);
+                        if usable {
+                            backends.push(Backend {
+                                cluster: slice.cluster.clone(),
+                                ip: ep.ip,
+                                port: *target,
+                            });
                         }
                     }
                 }
-                let backends = if ready.is_empty() { fallback } else { ready };
+                // The same endpoint may be listed by two slices.
+                backends.sort_unstable();
+                backends.dedup();
                 table.frontends.insert(
                     FrontendAddr {
                         ip: vip,
@@ -390,9 +472,9 @@ pub fn build(imports: &[ServiceImport], slices: &[EndpointSlice]) -> LbTable {
                     },
                     Frontend {
                         service: service.clone(),
-                        port_name: name.clone(),
+                        port_name: (*port_name).to_owned(),
                         affinity_timeout_s,
-                        backends: backends.into_iter().collect(),
+                        backends,
                     },
                 );
             }
@@ -402,3 +484,6 @@ pub fn build(imports: &[ServiceImport], slices: &[EndpointSlice]) -> LbTable {
     table.warnings.dedup();
     table
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,132 @@
+//! Map sync for one EndpointSlice change while 10,000 services are installed (each with two
+//! ports and 5 clusters x 10 endpoints, as in the merge bench: 30,000 frontend entries, a
+//! million slots), into in-memory maps (`MemMaps`). Goal: well under 1 ms for the change.
+//!
+//! The change: one endpoint of one cluster of one service is replaced by another pod (a new
+//! IP), so both frontends of that service get a new backend set. Each iteration flips between
+//! the two tables, so every iteration is exactly that one change.
+//!
+//! `AYA_BUILD_SKIP=1 cargo bench -p dataplane-agent --bench sync`
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use dataplane_agent::{
+    bpf::{
+        maps::{Capacities, MemMaps},
+        sync::MapSync,
+    },
+    lb::{Backend, Frontend, FrontendAddr, LbTable, Protocol},
+    model::{ClusterId, NamespacedName},
+};
+
+/// The agent binary's allocator (see `src/main.rs`), so the bench measures what runs.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const SERVICES: usize = 10_000;
+const CLUSTERS: usize = 5;
+const ENDPOINTS: usize = 10;
+/// (service port, endpoint port, name)
+const PORTS: [(u16, u16, &str); 2] = [(80, 8080, "http"), (9090, 9090, "metrics")];
+
+fn vip(s: usize) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(241, 0, (s >> 8) as u8, (s & 255) as u8))
+}
+
+/// A unique pod IP per cluster and endpoint index.
+fn pod(c: usize, i: usize) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(
+        10 + c as u8,
+        ((i >> 16) & 255) as u8,
+        ((i >> 8) & 255) as u8,
+        (i & 255) as u8,
+    ))
+}
+
+fn service(s: usize) -> NamespacedName {
+    NamespacedName::new("bench", format!("svc-{s}"))
+}
+
+/// The table; with `changed`, service 0's first endpoint in cluster 0 is another pod.
+fn table(clusters: &[ClusterId], changed: bool) -> LbTable {
+    let mut t = LbTable::default();
+    for s in 0..SERVICES {
+        let name = service(s);
+        t.vips.insert(vip(s), name.clone());
+        for (port, target, port_name) in PORTS {
+            let mut backends = Vec::with_capacity(CLUSTERS * ENDPOINTS);
+            for (c, cluster) in clusters.iter().enumerate() {
+                for e in 0..ENDPOINTS {
+                    let ip = if changed && s == 0 && c == 0 && e == 0 {
+                        pod(c, SERVICES * ENDPOINTS + 1)
+                    } else {
+                        pod(c, s * ENDPOINTS + e)
+                    };
+                    backends.push(Backend {
+                        cluster: cluster.clone(),
+                        ip,
+                        port: target,
+                    });
+                }
+            }
+            backends.sort();
+            t.frontends.insert(
+                FrontendAddr {
+                    ip: vip(s),
+                    port,
+                    protocol: Protocol::Tcp,
+                },
+                Frontend {
+                    service: name.clone(),
+                    port_name: port_name.to_owned(),
+                    affinity_timeout_s: None,
+                    backends,
+                },
+            );
+        }
+    }
+    t
+}
+
+fn bench(c: &mut Criterion) {
+    let clusters: Vec<ClusterId> = (0..CLUSTERS)
+        .map(|i| ClusterId::new(format!("cluster-{i}")).expect("valid id"))
+        .collect();
+    let tables = [table(&clusters, false), table(&clusters, true)];
+    let changed = service(0);
+    // Room for a million backends and slots (the kernel defaults are smaller).
+    let caps = Capacities {
+        frontends: 65_536,
+        backends: 2_000_000,
+        slots: 2_000_000,
+        clusters: 1024,
+    };
+    let mut group = c.benchmark_group("sync");
+
+    let mut sync = MapSync::new(caps);
+    let mut maps = MemMaps::new(caps);
+    let first = sync.sync(&tables[0], &mut maps);
+    assert!(first.failed.is_empty(), "{:?}", first.failed);
+    let mut flip = 0;
+    group.bench_function("sync_one_change_10k_services", |b| {
+        b.iter(|| {
+            flip = 1 - flip;
+            let report = sync.sync(&tables[flip], &mut maps);
+            assert_eq!(report.changed.len(), 1);
+            report
+        })
+    });
+    group.bench_function("sync_services_one_change_10k_services", |b| {
+        b.iter(|| {
+            flip = 1 - flip;
+            let report = sync.sync_services(&tables[flip], [&changed], &mut maps);
+            assert_eq!(report.changed.len(), 1);
+            report
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

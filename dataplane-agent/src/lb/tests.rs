@@ -1,0 +1,1036 @@
+//! Table tests of the routing rule (ARCHITECTURE.md §4) and property tests of [`build`].
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
+use proptest::prelude::*;
+
+use super::*;
+use crate::model::{ClientIpConfig, ObjectMeta, ServicePort, SessionAffinityConfig};
+
+use IpFamily::{IPv4, IPv6};
+
+const V4: &str = "241.0.0.1";
+const V6: &str = "fd00:241::1";
+
+/// A port as (name, protocol, number); `""` is the unnamed port, `None`-like values are
+/// spelled out where a test needs them.
+type P<'a> = (&'a str, &'a str, i32);
+
+fn import(name: &str, ips: &[&str], families: &[IpFamily], ports: &[P<'_>]) -> ServiceImport {
+    let mut si = ServiceImport {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("ns".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    si.spec.ips = ips.iter().map(|s| s.to_string()).collect();
+    si.spec.ip_families = families.to_vec();
+    si.spec.ports = ports
+        .iter()
+        .map(|(n, proto, port)| ServicePort {
+            name: (!n.is_empty()).then(|| n.to_string()),
+            protocol: Some(proto.to_string()),
+            app_protocol: None,
+            port: *port,
+        })
+        .collect();
+    si
+}
+
+/// The common case: `ns/web`, one IPv4 VIP, the given ports.
+fn web(ports: &[P<'_>]) -> ServiceImport {
+    import("web", &[V4], &[IPv4], ports)
+}
+
+type Cond = (Option<bool>, Option<bool>, Option<bool>);
+
+fn ep(addr: &str, cond: Option<Cond>) -> Endpoint {
+    Endpoint {
+        addresses: vec![addr.to_owned()],
+        conditions: cond.map(|(ready, serving, terminating)| EndpointConditions {
+            ready,
+            serving,
+            terminating,
+        }),
+        ..Default::default()
+    }
+}
+
+const READY: Option<Cond> = Some((Some(true), Some(true), Some(false)));
+const TERMINATING: Option<Cond> = Some((Some(false), Some(true), Some(true)));
+const NOT_READY: Option<Cond> = Some((Some(false), Some(false), Some(false)));
+
+/// An imported slice of `ns/<service>` from `cluster`.
+fn slice(
+    name: &str,
+    service: &str,
+    cluster: &str,
+    address_type: &str,
+    ports: &[P<'_>],
+    endpoints: Vec<Endpoint>,
+) -> EndpointSlice {
+    EndpointSlice {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("ns".into()),
+            labels: Some(BTreeMap::from([
+                (LABEL_SERVICE_NAME.to_owned(), service.to_owned()),
+                (LABEL_SOURCE_CLUSTER.to_owned(), cluster.to_owned()),
+            ])),
+            ..Default::default()
+        },
+        address_type: address_type.into(),
+        ports: Some(
+            ports
+                .iter()
+                .map(|(n, proto, port)| EndpointPort {
+                    name: (!n.is_empty()).then(|| n.to_string()),
+                    protocol: Some(proto.to_string()),
+                    port: Some(*port),
+                    app_protocol: None,
+                })
+                .collect(),
+        ),
+        endpoints,
+    }
+}
+
+fn fe(ip: &str, port: u16, protocol: Protocol) -> FrontendAddr {
+    FrontendAddr {
+        ip: ip.parse().expect("ip"),
+        port,
+        protocol,
+    }
+}
+
+/// The backends of a frontend as `cluster/ip:port`, in table order; panics when the frontend is
+/// missing.
+fn backends(t: &LbTable, ip: &str, port: u16, protocol: Protocol) -> Vec<String> {
+    let f = t
+        .frontends
+        .get(&fe(ip, port, protocol))
+        .unwrap_or_else(|| panic!("no frontend {ip}:{port}/{protocol} in {t:#?}"));
+    f.backends
+        .iter()
+        .map(|b| match b.ip {
+            IpAddr::V4(ip) => format!("{}/{ip}:{}", b.cluster, b.port),
+            IpAddr::V6(ip) => format!("{}/[{ip}]:{}", b.cluster, b.port),
+        })
+        .collect()
+}
+
+fn has_warning(t: &LbTable, object: &str, needle: &str) -> bool {
+    t.warnings
+        .iter()
+        .any(|w| w.object == object && w.message.contains(needle))
+}
+
+use Protocol::{Tcp, Udp};
+
+#[test]
+fn ready_endpoints_serve_and_others_do_not_while_one_is_ready() {
+    let t = build(
+        &[web(&[("http", "TCP", 80)])],
+        &[slice(
+            "s",
+            "web",
+            "c1",
+            "IPv4",
+            &[("http", "TCP", 8080)],
+            vec![
+                ep("10.0.0.1", READY),
+                ep("10.0.0.2", TERMINATING),
+                ep("10.0.0.3", NOT_READY),
+            ],
+        )],
+    );
+    assert_eq!(backends(&t, V4, 80, Tcp), vec!["c1/10.0.0.1:8080"]);
+    assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+}
+
+/// Each row is one endpoint alone in its frontend (so "no endpoint is ready" holds exactly when
+/// the row is not ready): whether it is used.
+#[test]
+fn endpoint_conditions_table() {
+    let cases: &[(Option<Cond>, bool, &str)] = &[
+        (None, true, "no conditions: ready"),
+        (Some((None, None, None)), true, "nil ready is ready"),
+        (
+            Some((None, None, Some(true))),
+            true,
+            "nil ready is ready, even terminating",
+        ),
+        (Some((Some(true), None, None)), true, "ready"),
+        (
+            Some((Some(true), Some(false), Some(true))),
+            true,
+            "ready wins",
+        ),
+        (
+            Some((Some(false), Some(true), Some(true))),
+            true,
+            "serving+terminating fallback",
+        ),
+        (
+            Some((Some(false), None, Some(true))),
+            false,
+            "nil serving is ready=false",
+        ),
+        (
+            Some((Some(false), Some(true), Some(false))),
+            false,
+            "serving, not terminating",
+        ),
+        (
+            Some((Some(false), Some(true), None)),
+            false,
+            "nil terminating is false",
+        ),
+        (
+            Some((Some(false), Some(false), Some(true))),
+            false,
+            "terminating, not serving",
+        ),
+        (Some((Some(false), None, None)), false, "not ready"),
+    ];
+    for (cond, used, why) in cases {
+        let t = build(
+            &[web(&[("http", "TCP", 80)])],
+            &[slice(
+                "s",
+                "web",
+                "c1",
+                "IPv4",
+                &[("http", "TCP", 8080)],
+                vec![ep("10.0.0.1", *cond)],
+            )],
+        );
+        let want: Vec<String> = if *used {
+            vec!["c1/10.0.0.1:8080".into()]
+        } else {
+            vec![]
+        };
+        assert_eq!(backends(&t, V4, 80, Tcp), want, "{why}: {cond:?}");
+    }
+}
+
+/// The fallback is decided per frontend: one port with a ready endpoint in some cluster uses
+/// only ready endpoints; another port whose clusters have none ready falls back.
+#[test]
+fn fallback_is_per_frontend() {
+    let t = build(
+        &[web(&[("http", "TCP", 80), ("alt", "TCP", 81)])],
+        &[
+            slice(
+                "a",
+                "web",
+                "c1",
+                "IPv4",
+                &[("http", "TCP", 8080)],
+                vec![ep("10.0.0.1", READY)],
+            ),
+            slice(
+                "b",
+                "web",
+                "c2",
+                "IPv4",
+                &[("http", "TCP", 8080), ("alt", "TCP", 8081)],
+                vec![ep("10.0.1.1", TERMINATING), ep("10.0.1.2", NOT_READY)],
+            ),
+        ],
+    );
+    // http: c1 is ready, so c2's terminating endpoint is not used.
+    assert_eq!(backends(&t, V4, 80, Tcp), vec!["c1/10.0.0.1:8080"]);
+    // alt: only c2 declares it and none of its endpoints is ready.
+    assert_eq!(backends(&t, V4, 81, Tcp), vec!["c2/10.0.1.1:8081"]);
+}
+
+/// The backend port is the slice port with the frontend's name *and* protocol.
+#[test]
+fn backend_port_comes_from_the_slice_port_of_the_same_name_and_protocol() {
+    let t = build(
+        &[web(&[
+            ("dns", "UDP", 53),
+            ("dns-tcp", "TCP", 53),
+            ("http", "TCP", 80),
+        ])],
+        &[slice(
+            "s",
+            "web",
+            "c1",
+            "IPv4",
+            &[
+                ("dns", "TCP", 5300), // same name, other protocol: not the UDP port
+                ("dns", "UDP", 5353),
+                ("dns-tcp", "TCP", 5354),
+                ("other", "TCP", 7000),
+                ("http", "TCP", 8080),
+            ],
+            vec![ep("10.0.0.1", READY)],
+        )],
+    );
+    assert_eq!(backends(&t, V4, 53, Udp), vec!["c1/10.0.0.1:5353"]);
+    assert_eq!(backends(&t, V4, 53, Tcp), vec!["c1/10.0.0.1:5354"]);
+    assert_eq!(backends(&t, V4, 80, Tcp), vec!["c1/10.0.0.1:8080"]);
+    assert_eq!(t.frontends.len(), 3);
+}
+
+/// An unnamed frontend port matches only an unnamed slice port, and a named one never matches
+/// an unnamed slice port: no "match all".
+#[test]
+fn unnamed_ports_match_unnamed_ports_only() {
+    let t = build(
+        &[
+            web(&[("", "TCP", 80)]),
+            import("api", &["241.0.0.2"], &[IPv4], &[("http", "TCP", 80)]),
+        ],
+        &[
+            slice(
+                "web-1",
+                "web",
+                "c1",
+                "IPv4",
+                &[("", "TCP", 8080)],
+                vec![ep("10.0.0.1", READY)],
+            ),
+            slice(
+                "web-2",
+                "web",
+                "c2",
+                "IPv4",
+                &[("http", "TCP", 8080)],
+                vec![ep("10.0.0.2", READY)],
+            ),
+            slice(
+                "api-1",
+                "api",
+                "c1",
+                "IPv4",
+                &[("", "TCP", 8080)],
+                vec![ep("10.0.0.3", READY)],
+            ),
+        ],
+    );
+    assert_eq!(backends(&t, V4, 80, Tcp), vec!["c1/10.0.0.1:8080"]);
+    assert_eq!(t.frontends[&fe(V4, 80, Tcp)].port_name, "");
+    assert!(backends(&t, "241.0.0.2", 80, Tcp).is_empty());
+}
+
+/// Two Service ports with the same targetPort are two slice ports of different names; each
+/// frontend keeps its backends (cilium#45109). A cluster whose slice lacks a port gets no
+/// backends for it.
+#[test]
+fn ports_sharing_a_target_port_keep_their_backends() {
+    let t = build(
+        &[web(&[("http", "TCP", 80), ("alt", "TCP", 8081)])],
+        &[
+            slice(
+                "a",
+                "web",
+                "c1",
+                "IPv4",
+                &[("http", "TCP", 8080), ("alt", "TCP", 8080)],
+                vec![ep("10.0.0.1", READY), ep("10.0.0.2", READY)],
+            ),
+            slice(
+                "b",
+                "web",
+                "c2",
+                "IPv4",
+                &[("http", "TCP", 8080)],
+                vec![ep("10.0.1.1", READY)],
+            ),
+        ],
+    );
+    assert_eq!(
+        backends(&t, V4, 80, Tcp),
+        vec!["c1/10.0.0.1:8080", "c1/10.0.0.2:8080", "c2/10.0.1.1:8080"]
+    );
+    assert_eq!(
+        backends(&t, V4, 8081, Tcp),
+        vec!["c1/10.0.0.1:8080", "c1/10.0.0.2:8080"]
+    );
+    assert_eq!(t.frontends[&fe(V4, 80, Tcp)].port_name, "http");
+    assert_eq!(t.frontends[&fe(V4, 8081, Tcp)].port_name, "alt");
+}
+
+#[test]
+fn a_cluster_whose_slice_lacks_the_port_gets_no_backends_for_it() {
+    let t = build(
+        &[web(&[("http", "TCP", 80)])],
+        &[slice(
+            "s",
+            "web",
+            "c1",
+            "IPv4",
+            &[("metrics", "TCP", 9090)],
+            vec![ep("10.0.0.1", READY)],
+        )],
+    );
+    // The frontend exists and refuses: the VIP declares the port, nobody serves it.
+    assert!(backends(&t, V4, 80, Tcp).is_empty());
+    assert!(!t.frontends.contains_key(&fe(V4, 9090, Tcp)));
+}
+
+/// Families: an IPv6 slice never feeds the IPv4 frontend and the reverse; an address of the
+/// wrong family inside a slice is skipped with a warning.
+#[test]
+fn families_never_mix() {
+    let t = build(
+        &[import(
+            "web",
+            &[V4, V6],
+            &[IPv4, IPv6],
+            &[("http", "TCP", 80)],
+        )],
+        &[
+            slice(
+                "v4",
+                "web",
+                "c1",
+                "IPv4",
+                &[("http", "TCP", 8080)],
+                vec![ep("10.0.0.1", READY), ep("fd01::9", READY)],
+            ),
+            slice(
+                "v6",
+                "web",
+                "c1",
+                "IPv6",
+                &[("http", "TCP", 8080)],
+                vec![ep("fd01::1", READY), ep("10.0.0.9", READY)],
+            ),
+            // A v6-only cluster: feeds only the v6 frontend.
+            slice(
+                "v6b",
+                "web",
+                "c2",
+                "IPv6",
+                &[("http", "TCP", 8080)],
+                vec![ep("fd01::2", READY)],
+            ),
+        ],
+    );
+    assert_eq!(backends(&t, V4, 80, Tcp), vec!["c1/10.0.0.1:8080"]);
+    assert_eq!(
+        backends(&t, V6, 80, Tcp),
+        vec!["c1/[fd01::1]:8080", "c2/[fd01::2]:8080"]
+    );
+    assert!(has_warning(&t, "EndpointSlice ns/v4", "fd01::9"));
+    assert!(has_warning(&t, "EndpointSlice ns/v6", "10.0.0.9"));
+    assert_eq!(t.vips.len(), 2);
+}
+
+#[test]
+fn headless_imports_get_no_vip_and_no_frontends() {
+    let mut si = web(&[("http", "TCP", 80)]);
+    si.spec.type_ = ServiceImportType::Headless;
+    let t = build(
+        &[si],
+        &[slice(
+            "s",
+            "web",
+            "c1",
+            "IPv4",
+            &[("http", "TCP", 8080)],
+            vec![ep("10.0.0.1", READY)],
+        )],
+    );
+    assert!(t.frontends.is_empty() && t.vips.is_empty(), "{t:#?}");
+}
+
+#[test]
+fn vips_that_do_not_match_their_family_are_skipped_with_a_warning() {
+    /// (ips, ipFamilies, the VIPs kept, a warning to expect or "").
+    type Case<'a> = (&'a [&'a str], &'a [IpFamily], &'a [&'a str], &'a str);
+    let cases: &[Case<'_>] = &[
+        // ips[i] must be of ipFamilies[i]
+        (&[V6], &[IPv4], &[], "is not of ipFamilies[0]"),
+        (&[V6, V4], &[IPv4, IPv6], &[], "is not of ipFamilies"),
+        // a second VIP of one family
+        (
+            &[V4, "241.0.0.9"],
+            &[],
+            &[V4],
+            "a second IPv4 ClusterSet IP",
+        ),
+        // not an IP
+        (&["nope", V4], &[], &[V4], "is not an IP address"),
+        // no ipFamilies: each IP's own family counts
+        (&[V6, V4], &[], &[V6, V4], ""),
+    ];
+    for (ips, families, want, warning) in cases {
+        let t = build(&[import("web", ips, families, &[("http", "TCP", 80)])], &[]);
+        let got: Vec<String> = t.vips.keys().map(|ip| ip.to_string()).collect();
+        let mut want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+        want.sort_by_key(|s| s.parse::<IpAddr>().expect("ip"));
+        assert_eq!(got, want, "{ips:?} {families:?}");
+        assert_eq!(t.frontends.len(), want.len(), "{ips:?} {families:?}");
+        if warning.is_empty() {
+            assert!(t.warnings.is_empty(), "{:?}", t.warnings);
+        } else {
+            assert!(
+                has_warning(&t, "ServiceImport ns/web", warning),
+                "{:?}",
+                t.warnings
+            );
+        }
+    }
+}
+
+/// A VIP claimed by two imports goes to the first in namespace/name order, whatever the input
+/// order; the other import is warned about and loses only that VIP.
+#[test]
+fn duplicate_vips_go_to_the_first_import_by_name() {
+    let a = import("a", &[V4, V6], &[IPv4, IPv6], &[("http", "TCP", 80)]);
+    let b = import("b", &[V4], &[IPv4], &[("http", "TCP", 80)]);
+    let one = build(&[a.clone(), b.clone()], &[]);
+    let two = build(&[b, a], &[]);
+    assert_eq!(one, two);
+    assert_eq!(one.vips[&V4.parse::<IpAddr>().expect("ip")].name, "a");
+    assert_eq!(one.frontends[&fe(V4, 80, Tcp)].service.name, "a");
+    assert!(has_warning(
+        &one,
+        "ServiceImport ns/b",
+        "already belongs to ns/a"
+    ));
+    assert_eq!(one.frontends.len(), 2);
+}
+
+/// The same namespace/name given twice: one definition is used, the same whatever the order,
+/// and the duplicate is reported.
+#[test]
+fn duplicate_imports_are_resolved_independently_of_order() {
+    let a = import("web", &[V4], &[IPv4], &[("http", "TCP", 80)]);
+    let b = import("web", &["241.0.0.2"], &[IPv4], &[("http", "TCP", 81)]);
+    let one = build(&[a.clone(), b.clone()], &[]);
+    let two = build(&[b, a], &[]);
+    assert_eq!(one, two);
+    assert_eq!(one.vips.len(), 1);
+    assert!(has_warning(&one, "ServiceImport ns/web", "more than once"));
+}
+
+#[test]
+fn bad_import_ports_are_skipped_with_warnings() {
+    let t = build(
+        &[web(&[
+            ("sctp", "SCTP", 80),
+            ("odd", "HTTP", 81),
+            ("zero", "TCP", 0),
+            ("big", "TCP", 70000),
+            ("neg", "TCP", -1),
+            ("http", "TCP", 82),
+            ("again", "TCP", 82), // same number and protocol
+            ("udp", "UDP", 82),   // same number, other protocol: fine
+        ])],
+        &[],
+    );
+    let ports: Vec<(u16, Protocol)> = t.frontends.keys().map(|f| (f.port, f.protocol)).collect();
+    assert_eq!(ports, vec![(82, Tcp), (82, Udp)]);
+    assert_eq!(t.frontends[&fe(V4, 82, Tcp)].port_name, "http");
+    let o = "ServiceImport ns/web";
+    for needle in [
+        "protocol SCTP",
+        "protocol HTTP",
+        "0 is not in 1..65535",
+        "70000 is not in",
+        "-1 is not in",
+        "82/TCP is listed twice",
+    ] {
+        assert!(has_warning(&t, o, needle), "{needle}: {:?}", t.warnings);
+    }
+}
+
+#[test]
+fn bad_slices_are_skipped_with_warnings_and_never_panic() {
+    let good_ports: &[P<'_>] = &[("http", "TCP", 8080)];
+    let mut no_service = slice(
+        "no-svc",
+        "web",
+        "c1",
+        "IPv4",
+        good_ports,
+        vec![ep("10.0.0.1", READY)],
+    );
+    no_service
+        .metadata
+        .labels
+        .as_mut()
+        .map(|l| l.remove(LABEL_SERVICE_NAME));
+    let mut no_cluster = slice(
+        "no-cluster",
+        "web",
+        "c1",
+        "IPv4",
+        good_ports,
+        vec![ep("10.0.0.2", READY)],
+    );
+    no_cluster
+        .metadata
+        .labels
+        .as_mut()
+        .map(|l| l.remove(LABEL_SOURCE_CLUSTER));
+    let mut no_ports = slice(
+        "no-ports",
+        "web",
+        "c3",
+        "IPv4",
+        &[],
+        vec![ep("10.0.3.1", READY)],
+    );
+    no_ports.ports = None;
+    let mut port_none = slice(
+        "port-none",
+        "web",
+        "c4",
+        "IPv4",
+        good_ports,
+        vec![ep("10.0.4.1", READY)],
+    );
+    if let Some(p) = port_none.ports.as_mut() {
+        p[0].port = None;
+    }
+    let slices = vec![
+        no_service,
+        no_cluster,
+        no_ports,
+        port_none,
+        slice(
+            "bad-cluster",
+            "web",
+            "Not_A_Label",
+            "IPv4",
+            good_ports,
+            vec![ep("10.0.0.3", READY)],
+        ),
+        slice(
+            "fqdn",
+            "web",
+            "c1",
+            "FQDN",
+            good_ports,
+            vec![ep("a.example", READY)],
+        ),
+        slice(
+            "bad-ports",
+            "web",
+            "c1",
+            "IPv4",
+            &[
+                ("http", "SCTP", 8080),
+                ("http", "TCP", 0),
+                ("x", "TCP", 70000),
+                ("y", "TCP", -3),
+            ],
+            vec![ep("10.0.0.4", READY)],
+        ),
+        slice(
+            "bad-addrs",
+            "web",
+            "c2",
+            "IPv4",
+            good_ports,
+            vec![ep("not-an-ip", READY), ep("10.0.2.1", READY), ep("", READY)],
+        ),
+        slice(
+            "twice",
+            "web",
+            "c5",
+            "IPv4",
+            &[("http", "TCP", 1), ("http", "TCP", 8080)],
+            vec![ep("10.0.5.1", READY)],
+        ),
+    ];
+    let t = build(&[web(&[("http", "TCP", 80)])], &slices);
+    // Only the clean endpoints of otherwise usable slices serve; the last duplicate port wins.
+    assert_eq!(
+        backends(&t, V4, 80, Tcp),
+        vec!["c2/10.0.2.1:8080", "c5/10.0.5.1:8080"]
+    );
+    for (object, needle) in [
+        ("EndpointSlice ns/no-svc", "not an imported slice"),
+        ("EndpointSlice ns/no-cluster", LABEL_SOURCE_CLUSTER),
+        ("EndpointSlice ns/bad-cluster", "invalid cluster id"),
+        ("EndpointSlice ns/fqdn", "addressType \"FQDN\""),
+        ("EndpointSlice ns/bad-ports", "protocol SCTP"),
+        ("EndpointSlice ns/bad-ports", "Some(0) is not in 1..65535"),
+        ("EndpointSlice ns/bad-ports", "Some(70000)"),
+        ("EndpointSlice ns/bad-ports", "Some(-3)"),
+        ("EndpointSlice ns/port-none", "None is not in 1..65535"),
+        (
+            "EndpointSlice ns/bad-addrs",
+            "\"not-an-ip\" is not an IP address",
+        ),
+        ("EndpointSlice ns/bad-addrs", "\"\" is not an IP address"),
+        ("EndpointSlice ns/twice", "appears twice"),
+    ] {
+        assert!(
+            has_warning(&t, object, needle),
+            "{object}: {needle}: {:#?}",
+            t.warnings
+        );
+    }
+}
+
+/// The same endpoint in two slices of one cluster is one backend; the same address in two
+/// clusters is two backends (they are different pods).
+#[test]
+fn the_same_endpoint_in_two_slices_is_one_backend() {
+    let p: &[P<'_>] = &[("http", "TCP", 8080)];
+    let t = build(
+        &[web(&[("http", "TCP", 80)])],
+        &[
+            slice(
+                "a",
+                "web",
+                "c1",
+                "IPv4",
+                p,
+                vec![ep("10.0.0.1", READY), ep("10.0.0.2", READY)],
+            ),
+            slice("b", "web", "c1", "IPv4", p, vec![ep("10.0.0.1", READY)]),
+            slice("c", "web", "c2", "IPv4", p, vec![ep("10.0.0.1", READY)]),
+            // one endpoint listed twice within a slice
+            slice(
+                "d",
+                "web",
+                "c2",
+                "IPv4",
+                p,
+                vec![ep("10.0.0.3", READY), ep("10.0.0.3", READY)],
+            ),
+        ],
+    );
+    assert_eq!(
+        backends(&t, V4, 80, Tcp),
+        vec![
+            "c1/10.0.0.1:8080",
+            "c1/10.0.0.2:8080",
+            "c2/10.0.0.1:8080",
+            "c2/10.0.0.3:8080"
+        ]
+    );
+}
+
+/// Slices feed only the import of their namespace and service-name label.
+#[test]
+fn slices_feed_only_their_own_service() {
+    let p: &[P<'_>] = &[("http", "TCP", 8080)];
+    let mut other_ns = slice("x", "web", "c1", "IPv4", p, vec![ep("10.0.0.9", READY)]);
+    other_ns.metadata.namespace = Some("other".into());
+    let t = build(
+        &[web(&[("http", "TCP", 80)])],
+        &[
+            other_ns,
+            slice("y", "api", "c1", "IPv4", p, vec![ep("10.0.0.8", READY)]),
+            slice("z", "web", "c1", "IPv4", p, vec![ep("10.0.0.1", READY)]),
+        ],
+    );
+    assert_eq!(backends(&t, V4, 80, Tcp), vec!["c1/10.0.0.1:8080"]);
+}
+
+#[test]
+fn affinity_timeout() {
+    /// (sessionAffinity, sessionAffinityConfig.clientIP.timeoutSeconds, the frontend's timeout).
+    type Case<'a> = (Option<&'a str>, Option<Option<i32>>, Option<u32>);
+    let cases: &[Case<'_>] = &[
+        (None, None, None),
+        (Some("None"), Some(Some(60)), None),
+        (Some("ClientIP"), None, Some(DEFAULT_AFFINITY_TIMEOUT_S)),
+        (
+            Some("ClientIP"),
+            Some(None),
+            Some(DEFAULT_AFFINITY_TIMEOUT_S),
+        ),
+        (Some("ClientIP"), Some(Some(60)), Some(60)),
+        (
+            Some("ClientIP"),
+            Some(Some(0)),
+            Some(DEFAULT_AFFINITY_TIMEOUT_S),
+        ),
+        (
+            Some("ClientIP"),
+            Some(Some(-5)),
+            Some(DEFAULT_AFFINITY_TIMEOUT_S),
+        ),
+    ];
+    for (affinity, timeout, want) in cases {
+        let mut si = web(&[("http", "TCP", 80)]);
+        si.spec.session_affinity = affinity.map(str::to_owned);
+        si.spec.session_affinity_config = timeout.map(|t| SessionAffinityConfig {
+            client_ip: Some(ClientIpConfig { timeout_seconds: t }),
+        });
+        let t = build(&[si], &[]);
+        assert_eq!(
+            t.frontends[&fe(V4, 80, Tcp)].affinity_timeout_s,
+            *want,
+            "{affinity:?} {timeout:?}"
+        );
+    }
+}
+
+// ---- properties
+
+/// A small deterministic shuffle (Fisher-Yates driven by a xorshift), so a failing case
+/// shrinks to a seed.
+fn shuffle<T>(v: &mut [T], seed: &mut u64) {
+    for i in (1..v.len()).rev() {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        let j = (*seed % (i as u64 + 1)) as usize;
+        v.swap(i, j);
+    }
+}
+
+fn arb_import() -> impl Strategy<Value = ServiceImport> {
+    let port = (
+        prop::sample::select(vec![None, Some(""), Some("http"), Some("dns")]),
+        prop::sample::select(vec![None, Some("TCP"), Some("UDP"), Some("SCTP")]),
+        prop::sample::select(vec![80, 53, 8080, 0, -1, 70000]),
+    )
+        .prop_map(|(name, protocol, port)| ServicePort {
+            name: name.map(str::to_owned),
+            protocol: protocol.map(str::to_owned),
+            app_protocol: None,
+            port,
+        });
+    (
+        prop::sample::select(vec!["a", "b", "c"]),
+        prop::sample::select(vec!["ns", "other"]),
+        any::<bool>(),
+        prop::collection::vec(
+            prop::sample::select(vec![V4, "241.0.0.2", V6, "fd00:241::2", "bad", ""]),
+            0..3,
+        ),
+        prop::collection::vec(prop::sample::select(vec![IPv4, IPv6]), 0..3),
+        prop::collection::vec(port, 0..4),
+        prop::sample::select(vec![None, Some("ClientIP"), Some("None")]),
+        prop::option::of(prop::sample::select(vec![
+            None,
+            Some(0),
+            Some(60),
+            Some(-5),
+        ])),
+    )
+        .prop_map(
+            |(name, ns, headless, ips, families, ports, affinity, timeout)| {
+                let mut si = ServiceImport::default();
+                si.metadata.name = Some(name.into());
+                si.metadata.namespace = Some(ns.into());
+                si.spec.type_ = if headless {
+                    ServiceImportType::Headless
+                } else {
+                    ServiceImportType::ClusterSetIP
+                };
+                si.spec.ips = ips.into_iter().map(str::to_owned).collect();
+                si.spec.ip_families = families;
+                si.spec.ports = ports;
+                si.spec.session_affinity = affinity.map(str::to_owned);
+                si.spec.session_affinity_config = timeout.map(|t| SessionAffinityConfig {
+                    client_ip: Some(ClientIpConfig { timeout_seconds: t }),
+                });
+                si
+            },
+        )
+}
+
+fn arb_slice() -> impl Strategy<Value = EndpointSlice> {
+    let port = (
+        prop::sample::select(vec![None, Some(""), Some("http"), Some("dns")]),
+        prop::sample::select(vec![None, Some("TCP"), Some("UDP"), Some("SCTP")]),
+        prop::sample::select(vec![Some(8080), Some(53), Some(0), None, Some(70000)]),
+    )
+        .prop_map(|(name, protocol, port)| EndpointPort {
+            name: name.map(str::to_owned),
+            protocol: protocol.map(str::to_owned),
+            port,
+            app_protocol: None,
+        });
+    let cond = prop::option::of((
+        prop::option::of(any::<bool>()),
+        prop::option::of(any::<bool>()),
+        prop::option::of(any::<bool>()),
+    ));
+    let endpoint = (
+        prop::collection::vec(
+            prop::sample::select(vec!["10.0.0.1", "10.0.0.2", "fd01::1", "bogus"]),
+            0..3,
+        ),
+        cond,
+    )
+        .prop_map(|(addrs, cond)| Endpoint {
+            addresses: addrs.into_iter().map(str::to_owned).collect(),
+            conditions: cond.map(|(ready, serving, terminating)| EndpointConditions {
+                ready,
+                serving,
+                terminating,
+            }),
+            ..Default::default()
+        });
+    (
+        prop::sample::select(vec!["s1", "s2", "s3"]),
+        prop::sample::select(vec!["ns", "other"]),
+        prop::option::of(prop::sample::select(vec!["a", "b", "c"])),
+        prop::option::of(prop::sample::select(vec!["c1", "c2", "Bad_Id"])),
+        prop::sample::select(vec!["IPv4", "IPv6", "FQDN"]),
+        prop::option::of(prop::collection::vec(port, 0..3)),
+        prop::collection::vec(endpoint, 0..4),
+    )
+        .prop_map(|(name, ns, service, cluster, at, ports, endpoints)| {
+            let mut labels = BTreeMap::new();
+            if let Some(s) = service {
+                labels.insert(LABEL_SERVICE_NAME.to_owned(), s.to_owned());
+            }
+            if let Some(c) = cluster {
+                labels.insert(LABEL_SOURCE_CLUSTER.to_owned(), c.to_owned());
+            }
+            EndpointSlice {
+                metadata: ObjectMeta {
+                    name: Some(name.into()),
+                    namespace: Some(ns.into()),
+                    labels: Some(labels),
+                    ..Default::default()
+                },
+                address_type: at.into(),
+                ports,
+                endpoints,
+            }
+        })
+}
+
+/// Checks what every table promises, whatever the input.
+fn well_formed(t: &LbTable) -> Result<(), TestCaseError> {
+    for (addr, f) in &t.frontends {
+        prop_assert_eq!(
+            t.vips.get(&addr.ip),
+            Some(&f.service),
+            "{} has no VIP owner",
+            addr
+        );
+        let mut sorted = f.backends.clone();
+        sorted.sort();
+        sorted.dedup();
+        prop_assert_eq!(&sorted, &f.backends, "{} backends not sorted/unique", addr);
+        for b in &f.backends {
+            prop_assert_eq!(b.ip.is_ipv4(), addr.ip.is_ipv4(), "{} mixes families", addr);
+            prop_assert!(b.port > 0);
+        }
+    }
+    let mut warnings = t.warnings.clone();
+    warnings.sort();
+    warnings.dedup();
+    prop_assert_eq!(&warnings, &t.warnings);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// The table depends on the set of imports and slices only: not on the order of imports,
+    /// of slices, of endpoints within a slice or of addresses within an endpoint.
+    #[test]
+    fn input_order_does_not_matter(
+        imports in prop::collection::vec(arb_import(), 0..5),
+        slices in prop::collection::vec(arb_slice(), 0..6),
+        seed in 1u64..,
+    ) {
+        let a = build(&imports, &slices);
+        well_formed(&a)?;
+        let mut seed = seed;
+        let mut imports = imports;
+        let mut slices = slices;
+        shuffle(&mut imports, &mut seed);
+        shuffle(&mut slices, &mut seed);
+        for s in &mut slices {
+            shuffle(&mut s.endpoints, &mut seed);
+            for e in &mut s.endpoints {
+                shuffle(&mut e.addresses, &mut seed);
+            }
+        }
+        let b = build(&imports, &slices);
+        prop_assert_eq!(a, b);
+    }
+
+    /// Garbage everywhere (any text, any number) gives warnings, never a panic, and the table
+    /// stays well formed.
+    #[test]
+    fn garbage_never_panics(
+        imports in prop::collection::vec(
+            (
+                "\\PC{0,6}",
+                prop::collection::vec(prop_oneof!["\\PC{0,16}", Just(V4.to_owned()), Just(V6.to_owned())], 0..4),
+                prop::collection::vec(prop::sample::select(vec![IPv4, IPv6]), 0..4),
+                prop::collection::vec((prop::option::of("\\PC{0,4}"), prop::option::of("\\PC{0,4}|TCP|UDP"), any::<i32>()), 0..4),
+                prop::option::of("\\PC{0,8}|ClientIP"),
+                prop::option::of(any::<i32>()),
+            ),
+            0..4,
+        ),
+        slices in prop::collection::vec(
+            (
+                prop::option::of("\\PC{0,6}"),
+                prop::option::of("\\PC{0,6}"),
+                prop::option::of("\\PC{0,6}"),
+                "\\PC{0,6}|IPv4|IPv6",
+                prop::option::of(prop::collection::vec((prop::option::of("\\PC{0,4}"), prop::option::of("\\PC{0,4}|TCP|UDP"), prop::option::of(any::<i32>())), 0..4)),
+                prop::collection::vec((prop::collection::vec("\\PC{0,16}|10\\.0\\.0\\.[0-9]{1,3}|fd01::[0-9a-f]{1,4}", 0..3), prop::option::of((prop::option::of(any::<bool>()), prop::option::of(any::<bool>()), prop::option::of(any::<bool>())))), 0..4),
+            ),
+            0..4,
+        ),
+    ) {
+        let imports: Vec<ServiceImport> = imports
+            .into_iter()
+            .map(|(name, ips, families, ports, affinity, timeout)| {
+                let mut si = ServiceImport::default();
+                si.metadata.name = Some(name);
+                si.spec.ips = ips;
+                si.spec.ip_families = families;
+                si.spec.ports = ports
+                    .into_iter()
+                    .map(|(name, protocol, port)| ServicePort { name, protocol, app_protocol: None, port })
+                    .collect();
+                si.spec.session_affinity = affinity;
+                si.spec.session_affinity_config = Some(SessionAffinityConfig {
+                    client_ip: Some(ClientIpConfig { timeout_seconds: timeout }),
+                });
+                si
+            })
+            .collect();
+        let slices: Vec<EndpointSlice> = slices
+            .into_iter()
+            .map(|(name, service, cluster, at, ports, eps)| {
+                let mut labels = BTreeMap::new();
+                if let Some(s) = service {
+                    labels.insert(LABEL_SERVICE_NAME.to_owned(), s);
+                }
+                if let Some(c) = cluster {
+                    labels.insert(LABEL_SOURCE_CLUSTER.to_owned(), c);
+                }
+                EndpointSlice {
+                    metadata: ObjectMeta { name, labels: Some(labels), ..Default::default() },
+                    address_type: at,
+                    ports: ports.map(|ps| {
+                        ps.into_iter()
+                            .map(|(name, protocol, port)| EndpointPort { name, protocol, port, app_protocol: None })
+                            .collect()
+                    }),
+                    endpoints: eps
+                        .into_iter()
+                        .map(|(addresses, cond)| Endpoint {
+                            addresses,
+                            conditions: cond.map(|(ready, serving, terminating)| EndpointConditions { ready, serving, terminating }),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        let t = build(&imports, &slices);
+        well_formed(&t)?;
+    }
+}
