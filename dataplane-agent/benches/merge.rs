@@ -3,124 +3,23 @@
 //!
 //! `AYA_BUILD_SKIP=1 cargo bench -p dataplane-agent --bench merge`
 
-use std::collections::BTreeMap;
-
 use criterion::{Criterion, criterion_group, criterion_main};
 use dataplane_agent::{
     lb,
-    merge::{self, ClusterSetConfig, ClusterSnapshot},
-    model::{
-        ClusterId, EndpointSlice, LABEL_K8S_SERVICE_NAME, ObjectMeta, Service, ServiceExport,
-        ServiceExportSpec,
-    },
+    merge::{self, ClusterSetConfig},
+    synthetic::{self, Shape},
 };
-use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// The agent binary's allocator (see `src/main.rs`), so the bench measures what runs.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const SERVICES: usize = 10_000;
-const CLUSTERS: usize = 5;
-const ENDPOINTS: usize = 10;
-
-fn meta(name: &str) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name.to_owned()),
-        namespace: Some("bench".to_owned()),
-        ..Default::default()
-    }
-}
-
-/// A unique pod IP per cluster and endpoint index.
-fn addr(c: usize, i: usize) -> String {
-    format!(
-        "{}.{}.{}.{}",
-        10 + c,
-        (i >> 16) & 255,
-        (i >> 8) & 255,
-        i & 255
-    )
-}
-
-fn snapshot(c: usize) -> ClusterSnapshot {
-    let cluster = ClusterId::new(format!("cluster-{c}")).expect("valid id");
-    let mut snap = ClusterSnapshot::empty(cluster);
-    for s in 0..SERVICES {
-        let name = format!("svc-{s}");
-        snap.services.push(Service {
-            metadata: meta(&name),
-            spec: Some(ServiceSpec {
-                ports: Some(vec![
-                    ServicePort {
-                        name: Some("http".into()),
-                        port: 80,
-                        protocol: Some("TCP".into()),
-                        ..Default::default()
-                    },
-                    ServicePort {
-                        name: Some("metrics".into()),
-                        port: 9090,
-                        protocol: Some("TCP".into()),
-                        ..Default::default()
-                    },
-                ]),
-                ip_families: Some(vec!["IPv4".into()]),
-                ..Default::default()
-            }),
-            status: None,
-        });
-        let mut se = ServiceExport::new(&name, ServiceExportSpec::default());
-        se.metadata.namespace = Some("bench".into());
-        se.metadata.creation_timestamp =
-            k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + c as i64)
-                .ok()
-                .map(Time);
-        snap.service_exports.push(se);
-        let mut slice_meta = meta(&format!("{name}-abcde"));
-        slice_meta.labels = Some(BTreeMap::from([(
-            LABEL_K8S_SERVICE_NAME.to_owned(),
-            name.clone(),
-        )]));
-        snap.endpoint_slices.push(EndpointSlice {
-            metadata: slice_meta,
-            address_type: "IPv4".into(),
-            ports: Some(vec![
-                EndpointPort {
-                    name: Some("http".into()),
-                    port: Some(8080),
-                    protocol: Some("TCP".into()),
-                    app_protocol: None,
-                },
-                EndpointPort {
-                    name: Some("metrics".into()),
-                    port: Some(9090),
-                    protocol: Some("TCP".into()),
-                    app_protocol: None,
-                },
-            ]),
-            endpoints: (0..ENDPOINTS)
-                .map(|e| Endpoint {
-                    addresses: vec![addr(c, s * ENDPOINTS + e)],
-                    conditions: Some(EndpointConditions {
-                        ready: Some(true),
-                        serving: Some(true),
-                        terminating: Some(false),
-                    }),
-                    ..Default::default()
-                })
-                .collect(),
-        });
-    }
-    snap
-}
+const SHAPE: Shape = Shape::CONTROL_PLANE;
 
 fn bench(c: &mut Criterion) {
-    let snapshots: Vec<ClusterSnapshot> = (0..CLUSTERS).map(snapshot).collect();
+    let snapshots = synthetic::member_snapshots(SHAPE);
     let config = ClusterSetConfig::default();
-    let importing = ClusterId::new("cluster-0").expect("valid id");
+    let importing = synthetic::cluster_id(0);
     let mut group = c.benchmark_group("merge");
     group.sample_size(10);
     // Freeing half a million endpoints is left out of the timings (iter_with_large_drop): it
@@ -129,7 +28,7 @@ fn bench(c: &mut Criterion) {
         b.iter_with_large_drop(|| {
             let plan = merge::merge(&snapshots, &config, &importing, &[]);
             let table = lb::build(&plan.service_imports, &plan.endpoint_slices);
-            assert_eq!(table.frontends.len(), SERVICES * 2);
+            assert_eq!(table.frontends.len(), SHAPE.services * SHAPE.ports);
             (plan, table)
         })
     });

@@ -13,4 +13,6 @@ pub mod plan;
 pub mod roles;
 pub mod sink;
 pub mod source;
+#[doc(hidden)]
+pub mod synthetic;
 pub mod telemetry;

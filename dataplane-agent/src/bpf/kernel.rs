@@ -133,6 +133,25 @@ impl KernelMaps {
         self.capacities
     }
 
+    /// Looks up one frontend entry (one syscall): cheap enough to poll, unlike [`Self::read_all`].
+    pub fn frontend(&self, key: &FeKey) -> Result<Option<Frontend>, KernelMapError> {
+        let found = match key {
+            FeKey::V4(k) => self.fe4.get(k, 0),
+            FeKey::V6(k) => self.fe6.get(k, 0),
+        };
+        match found {
+            Ok(v) => Ok(Some(v)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(source) => Err(KernelMapError::Read {
+                name: match key {
+                    FeKey::V4(_) => map_names::FRONTENDS4,
+                    FeKey::V6(_) => map_names::FRONTENDS6,
+                },
+                source,
+            }),
+        }
+    }
+
     /// Reads every map. Entries that vanish while iterating are skipped.
     pub fn read_all(&self) -> Result<MapContents, KernelMapError> {
         fn collect<K: aya::Pod + Ord, V: aya::Pod>(
