@@ -1,0 +1,48 @@
+//! The control-plane benchmark's measurements work and measure what they say: real kernel
+//! maps hold the synced services, every change is timed, and an EndpointSlice edit in the
+//! API server reaches the node agent's maps. Small sizes: this checks the bench, it does not
+//! time anything (`cargo xtask bench` does).
+
+use dataplane_agent::synthetic::Shape;
+use tests::{
+    bench::control::{self, ControlOptions},
+    require_root,
+};
+
+#[test]
+fn control_bench_measures_real_maps_and_the_agent() {
+    require_root!();
+    let shape = Shape {
+        services: 50,
+        clusters: 3,
+        endpoints: 4,
+        ports: 2,
+    };
+    let report = control::run(&ControlOptions {
+        shape,
+        merge_runs: 2,
+        change_services: vec![1, 20],
+        change_samples: 10,
+        event_changes: 20,
+        rss_shapes: vec![shape],
+    })
+    .expect("control bench");
+
+    let merge = report.merge.expect("merge timing");
+    assert_eq!(merge.runs, 2);
+    assert_eq!(merge.frontends, 50 * 2);
+    let full = report.full_sync.expect("full sync");
+    // Two ports per service plus one per-VIP wildcard entry.
+    assert_eq!(full.frontends, 50 * 3);
+    assert_eq!(full.backends, 50 * 2 * 3 * 4);
+    assert_eq!(report.map_change.len(), 2);
+    for change in &report.map_change {
+        assert_eq!(change.latency.samples, 10);
+        assert!(change.latency.p50_ms > 0.0);
+    }
+    let event = report.event_to_map.expect("event to map");
+    assert_eq!(event.timeouts, 0, "every edit reached the maps");
+    assert_eq!(event.latency.samples, 20);
+    let rss = &report.rss[0];
+    assert!(rss.rss_mib > 1.0 && rss.peak_mib >= rss.rss_mib);
+}
