@@ -3,6 +3,7 @@
 //! tower-test fixtures (Kubernetes tests). The tests themselves live in `tests/tests/`.
 
 pub mod agent;
+pub mod bench;
 pub mod clusterset;
 pub mod fake_apiserver;
 pub mod fixtures;
