@@ -2,7 +2,7 @@
 //!
 //! `cargo build --release -p dataplane-agent -p tests --bins --examples`
 //! `sudo target/release/examples/bench-datapath [--services 1,1000] [--modes socket-lb,iptables,nftables,direct]
-//!   [--duration-secs 2] [--threads 4] [--change-samples 10] [--work-dir DIR]`
+//!   [--duration-secs 2] [--threads 4] [--change-samples 10] [--work-dir DIR] [--install-budget-secs 300]`
 //! Prints one line per measurement, then the whole report as JSON.
 
 use std::time::Duration;
@@ -32,11 +32,20 @@ fn main() -> anyhow::Result<()> {
             "--threads" => opts.threads = v.parse()?,
             "--change-samples" => opts.change_samples = v.parse()?,
             "--work-dir" => opts.work_dir = v.into(),
+            "--install-budget-secs" => opts.install_budget = Duration::from_secs(v.parse()?),
             other => anyhow::bail!("unknown option {other}"),
         }
     }
     let report = datapath::run(&opts)?;
     for t in &report.throughput {
+        if let Some(why) = &t.skipped {
+            println!(
+                "{:<10} N={:<6} skipped: {why}",
+                t.mode.to_string(),
+                t.services
+            );
+            continue;
+        }
         println!(
             "{:<10} N={:<6} {:>9.0} conns/s  p50 {:>7.1} us  p99 {:>8.1} us  install {:>8.3} s  conns {} failures {}  backends {:?}",
             t.mode.to_string(),

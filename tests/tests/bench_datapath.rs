@@ -21,12 +21,14 @@ fn every_mode_moves_connections_to_the_backends_behind_the_vips() {
         threads: 2,
         change_samples: 3,
         work_dir: work.path().to_owned(),
+        install_budget: Duration::from_secs(300),
     };
     let report = datapath::run(&opts).unwrap();
     assert_eq!(report.throughput.len(), 8);
     for t in &report.throughput {
         let what = format!("{} N={}: {t:?}", t.mode, t.services);
         assert!(t.connections > 0, "{what}");
+        assert_eq!(t.skipped, None, "{what}");
         assert_eq!(t.failures, 0, "{what}");
         assert!(t.conns_per_sec > 0.0 && t.p99_us >= t.p50_us, "{what}");
         // Every reply came from a backend the targeted services (or addresses) may reach.

@@ -92,6 +92,10 @@ pub struct DatapathOptions {
     pub change_samples: usize,
     /// Scratch space (agent input YAML, target lists); created if missing.
     pub work_dir: PathBuf,
+    /// An iptables or nftables install predicted (quadratically, from the same mode's install
+    /// at the previous N) to take longer than this is not attempted: its row carries `skipped`
+    /// and a note says why. nftables installs grow worse than quadratically on this kernel.
+    pub install_budget: Duration,
 }
 
 impl DatapathOptions {
@@ -104,6 +108,7 @@ impl DatapathOptions {
             threads: 4,
             change_samples: 10,
             work_dir,
+            install_budget: Duration::from_secs(300),
         }
     }
 
@@ -140,6 +145,29 @@ pub struct Throughput {
     pub targets: usize,
     /// Failures per error text.
     pub errors: BTreeMap<String, u64>,
+    /// Why this (mode, N) was not measured (then every count is 0), e.g. an install predicted
+    /// to exceed `install_budget`.
+    pub skipped: Option<String>,
+}
+
+impl Throughput {
+    fn empty(mode: Mode, services: usize) -> Self {
+        Throughput {
+            mode,
+            services,
+            connections: 0,
+            failures: 0,
+            conns_per_sec: 0.0,
+            p50_us: 0.0,
+            p99_us: 0.0,
+            install_secs: 0.0,
+            by_backend: BTreeMap::new(),
+            expected_backends: Vec::new(),
+            targets: 0,
+            errors: BTreeMap::new(),
+            skipped: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -168,8 +196,6 @@ const MAX_TARGETS: usize = 1000;
 const MAX_CONNS: u64 = 5_000_000;
 /// Bound on one iptables-restore or nft install (50k iptables services take a while).
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(900);
-/// Conntrack entries left from an earlier run that count as drained.
-const DRAINED: u64 = 5_000;
 /// Change samples of one (mode, N) stop after this much command time (at least 3 are taken).
 const CHANGE_BUDGET: Duration = Duration::from_secs(90);
 
@@ -237,6 +263,8 @@ struct Bench<'a> {
     _server: ChildGuard,
     topo: Topology,
     backends: Vec<SocketAddrV4>,
+    /// The last measured install per netfilter mode: (N, seconds).
+    last_install: BTreeMap<String, (usize, f64)>,
 }
 
 impl<'a> Bench<'a> {
@@ -279,6 +307,7 @@ impl<'a> Bench<'a> {
             _server: server,
             topo,
             backends,
+            last_install: BTreeMap::new(),
         })
     }
 
@@ -293,7 +322,7 @@ impl<'a> Bench<'a> {
                 .map(|s| s.trim().to_owned())
                 .unwrap_or_else(|_| "unknown".into())
         };
-        vec![
+        let mut notes = vec![
             format!(
                 "iptables backend: {} (kube-proxy shape: nat OUTPUT -> KUBE-SERVICES, one jump per service, KUBE-SVC statistic rules, KUBE-SEP DNAT, KUBE-MARK-MASQ checks; filter KUBE-SERVICES empty)",
                 first_line("iptables", &["-V"])
@@ -309,7 +338,13 @@ impl<'a> Bench<'a> {
                 "nf_conntrack_max {} (global); iptables and nftables modes track every connection (DNAT), socket-lb and direct do not; closed (RST) entries linger 10 s",
                 read("/proc/sys/net/netfilter/nf_conntrack_max")
             ),
-        ]
+        ];
+        if self.opts.modes.contains(&Mode::Nftables) {
+            notes.push(
+                "nftables install time grows about quadratically with N: every service chain's `numgen random mod k vmap { ... }` is an anonymous set, and the kernel names each new anonymous set by scanning every set of the table (nf_tables_set_alloc_name); measured in isolation, 4000 services take ~3 s and 8000 ~24 s, almost all kernel (sys) time, versus under 1 s without the numgen rules".to_owned(),
+            );
+        }
+        notes
     }
 
     fn measure(
@@ -338,6 +373,12 @@ impl<'a> Bench<'a> {
                 (install, r?)
             }
             Mode::Iptables | Mode::Nftables => {
+                if let Some(why) = self.over_budget(mode, n) {
+                    notes.push(format!("{mode} N={n}: not measured: {why}"));
+                    let mut tp = Throughput::empty(mode, n);
+                    tp.skipped = Some(why);
+                    return Ok((tp, None));
+                }
                 let mut guard = NetfilterGuard::new(&self.topo.client, mode)?;
                 let text = if mode == Mode::Iptables {
                     rules::iptables_full(svcs)
@@ -351,11 +392,12 @@ impl<'a> Bench<'a> {
                     text.len() as f64 / 1e6,
                     install.as_secs_f64()
                 ));
-                self.drain_conntrack(mode, n, notes);
+                self.last_install
+                    .insert(mode.to_string(), (n, install.as_secs_f64()));
                 let r = self.load(&targets, false)?;
                 if let Some(count) = self.conntrack_count() {
                     notes.push(format!(
-                        "{mode} N={n}: {count} conntrack entries in the client namespace after the run"
+                        "{mode} N={n}: {count} conntrack entries in the client namespace after the run (expired ones included until the kernel's lazy garbage collection reaps them)"
                     ));
                 }
                 change = Some(self.changes(mode, svcs, notes)?);
@@ -380,8 +422,26 @@ impl<'a> Bench<'a> {
             expected_backends: expected,
             targets: targets.len(),
             errors: result.errors,
+            skipped: None,
         };
         Ok((tp, change))
+    }
+
+    /// Why installing `mode` at `n` services would blow the install budget, if it would:
+    /// the previous install of the mode scaled quadratically (optimistic for nftables, whose
+    /// kernel-side cost per anonymous verdict map grows with the number of maps in the table).
+    fn over_budget(&self, mode: Mode, n: usize) -> Option<String> {
+        let &(prev_n, prev_secs) = self.last_install.get(&mode.to_string())?;
+        if prev_n == 0 || n <= prev_n {
+            return None;
+        }
+        let predicted = prev_secs * (n as f64 / prev_n as f64).powi(2);
+        (predicted > self.opts.install_budget.as_secs_f64()).then(|| {
+            format!(
+                "install predicted to take {predicted:.0} s (the {prev_n}-service install took {prev_secs:.1} s, scaled quadratically), over the {:.0} s install budget",
+                self.opts.install_budget.as_secs_f64()
+            )
+        })
     }
 
     /// The addresses the load goes to and the backends that may answer: a random subset of at
@@ -584,23 +644,6 @@ impl<'a> Bench<'a> {
             p99_ms: quantile_f64(&sorted, 0.99),
             how,
         })
-    }
-
-    /// Waits (up to 15 s) for the previous netfilter run's closed connections to leave the
-    /// conntrack table, so this run starts with the same room under nf_conntrack_max.
-    fn drain_conntrack(&self, mode: Mode, n: usize, notes: &mut Vec<String>) {
-        let started = Instant::now();
-        let mut count = self.conntrack_count().unwrap_or(0);
-        while count > DRAINED && started.elapsed() < Duration::from_secs(15) {
-            std::thread::sleep(Duration::from_millis(250));
-            count = self.conntrack_count().unwrap_or(0);
-        }
-        if started.elapsed() > Duration::from_millis(250) {
-            notes.push(format!(
-                "{mode} N={n}: waited {:.1} s for earlier conntrack entries to expire ({count} left)",
-                started.elapsed().as_secs_f64()
-            ));
-        }
     }
 
     fn conntrack_count(&self) -> Option<u64> {
