@@ -93,7 +93,8 @@ pub struct DatapathOptions {
     /// Scratch space (agent input YAML, target lists); created if missing.
     pub work_dir: PathBuf,
     /// An iptables or nftables install predicted (quadratically, from the same mode's install
-    /// at the previous N) to take longer than this is not attempted: its row carries `skipped`
+    /// at the previous N, if that had at least 1000 services and took at least 1 s) to take
+    /// longer than this is not attempted: its row carries `skipped`
     /// and a note says why. nftables installs grow worse than quadratically on this kernel.
     pub install_budget: Duration,
 }
@@ -196,6 +197,8 @@ const MAX_TARGETS: usize = 1000;
 const MAX_CONNS: u64 = 5_000_000;
 /// Bound on one iptables-restore or nft install (50k iptables services take a while).
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(900);
+/// The smallest earlier install an install-time prediction is scaled from.
+const MIN_PREDICT_SERVICES: usize = 1000;
 /// Change samples of one (mode, N) stop after this much command time (at least 3 are taken).
 const CHANGE_BUDGET: Duration = Duration::from_secs(90);
 
@@ -341,7 +344,7 @@ impl<'a> Bench<'a> {
         ];
         if self.opts.modes.contains(&Mode::Nftables) {
             notes.push(
-                "nftables install time grows about quadratically with N: every service chain's `numgen random mod k vmap { ... }` is an anonymous set, and the kernel names each new anonymous set by scanning every set of the table (nf_tables_set_alloc_name); measured in isolation, 4000 services take ~3 s and 8000 ~24 s, almost all kernel (sys) time, versus under 1 s without the numgen rules".to_owned(),
+                "nftables install time grows about quadratically with N: every service chain's `numgen random mod k vmap { ... }` is an anonymous set, and the kernel names each new anonymous set by scanning every set of the table (nf_tables_set_alloc_name), which is kernel time (without the numgen rules the same install is near linear)".to_owned(),
             );
         }
         notes
@@ -427,21 +430,13 @@ impl<'a> Bench<'a> {
         Ok((tp, change))
     }
 
-    /// Why installing `mode` at `n` services would blow the install budget, if it would:
-    /// the previous install of the mode scaled quadratically (optimistic for nftables, whose
-    /// kernel-side cost per anonymous verdict map grows with the number of maps in the table).
+    /// Why installing `mode` at `n` services would blow the install budget, if it would.
     fn over_budget(&self, mode: Mode, n: usize) -> Option<String> {
-        let &(prev_n, prev_secs) = self.last_install.get(&mode.to_string())?;
-        if prev_n == 0 || n <= prev_n {
-            return None;
-        }
-        let predicted = prev_secs * (n as f64 / prev_n as f64).powi(2);
-        (predicted > self.opts.install_budget.as_secs_f64()).then(|| {
-            format!(
-                "install predicted to take {predicted:.0} s (the {prev_n}-service install took {prev_secs:.1} s, scaled quadratically), over the {:.0} s install budget",
-                self.opts.install_budget.as_secs_f64()
-            )
-        })
+        over_budget(
+            self.last_install.get(&mode.to_string()).copied(),
+            n,
+            self.opts.install_budget,
+        )
     }
 
     /// The addresses the load goes to and the backends that may answer: a random subset of at
@@ -657,6 +652,25 @@ impl<'a> Bench<'a> {
     }
 }
 
+/// The previous install of a mode, `(N, seconds)`, scaled quadratically to `n` (optimistic for
+/// nftables, whose kernel-side cost per anonymous verdict map grows with the number of maps
+/// already in the table); the reason to skip when that exceeds `budget`.
+fn over_budget(prev: Option<(usize, f64)>, n: usize, budget: Duration) -> Option<String> {
+    let (prev_n, prev_secs) = prev?;
+    // Small installs are mostly process start and fixed cost: scaling them up would predict
+    // nonsense, so only a sizeable earlier install is a basis.
+    if prev_n < MIN_PREDICT_SERVICES || prev_secs < 1.0 || n <= prev_n {
+        return None;
+    }
+    let predicted = prev_secs * (n as f64 / prev_n as f64).powi(2);
+    (predicted > budget.as_secs_f64()).then(|| {
+        format!(
+            "install predicted to take {predicted:.0} s (the {prev_n}-service install took {prev_secs:.1} s, scaled quadratically), over the {:.0} s install budget",
+            budget.as_secs_f64()
+        )
+    })
+}
+
 fn quantile_f64(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -862,5 +876,48 @@ impl Drop for NetfilterGuard {
         if self.active {
             let _ = self.cleanup();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn install_prediction_needs_a_sizeable_basis() {
+        let budget = Duration::from_secs(300);
+        assert_eq!(over_budget(None, 50_000, budget), None);
+        // A 1-service install is process start: no basis for 1000.
+        assert_eq!(over_budget(Some((1, 0.013)), 1000, budget), None);
+        assert_eq!(over_budget(Some((1000, 0.5)), 10_000, budget), None);
+        // 10k in 6 s -> 150 s at 50k: under budget; 10k in 40 s -> 1000 s: over.
+        assert_eq!(over_budget(Some((10_000, 6.0)), 50_000, budget), None);
+        let why = over_budget(Some((10_000, 40.0)), 50_000, budget).unwrap();
+        assert!(why.contains("predicted to take 1000 s"), "{why}");
+    }
+
+    #[test]
+    fn modes_print_and_parse() {
+        for m in Mode::ALL {
+            assert_eq!(m.to_string().parse::<Mode>().unwrap(), m);
+            assert_eq!(
+                serde_json::to_value(m).unwrap(),
+                serde_json::Value::String(m.to_string())
+            );
+        }
+        assert!("ipvs".parse::<Mode>().is_err());
+    }
+
+    #[test]
+    fn agent_sync_line_is_found_by_service_count() {
+        let log = concat!(
+            "{\"message\":\"dataplane ready\",\"frontends\":0}\n",
+            "{\"message\":\"maps synced\",\"services\":10,\"failed\":0,\"elapsed_us\":5}\n",
+            "{\"message\":\"maps synced\",\"services\":20,\"failed\":0,\"elapsed_us\":7}\n",
+        );
+        assert_eq!(synced(log, 20).unwrap(), Some(7));
+        assert_eq!(synced(log, 30).unwrap(), None);
+        let failed = "{\"message\":\"maps synced\",\"services\":5,\"failed\":2}\n";
+        assert!(synced(failed, 5).is_err());
     }
 }
