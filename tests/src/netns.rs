@@ -432,11 +432,12 @@ impl Drop for Topology {
     }
 }
 
-/// Path of a binary of this workspace next to the test executable's `deps/` directory.
+/// Path of a binary of this workspace next to the test executable's `deps/` directory (or an
+/// example's `examples/` directory).
 pub fn workspace_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap_or_default();
     let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    if dir.ends_with("deps") {
+    if dir.ends_with("deps") || dir.ends_with("examples") {
         dir.pop();
     }
     dir.join(name)

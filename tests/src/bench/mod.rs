@@ -2,4 +2,7 @@
 //! and the control plane at scale. Run by the `mcs-bench` binary.
 
 pub mod control;
+pub mod datapath;
+pub mod plot;
+pub mod report;
 pub mod stats;
