@@ -7,6 +7,7 @@
 //! - `run -- ARGS`: builds and runs `dataplane-agent ARGS`.
 //! - `demo`: the standalone demo.
 //! - `manifests [--check]`: generates `deploy/crds/` from the Rust types.
+//! - `bench [--quick] [-- ARGS]`: the benchmarks, written to `target/bench/`.
 
 mod demo;
 mod manifests;
@@ -56,6 +57,21 @@ enum Task {
     Manifests {
         #[arg(long)]
         check: bool,
+    },
+    /// Benchmarks: the socket LB against kube-proxy's iptables and nftables rule shapes and a
+    /// direct connection, and the control plane at scale. Writes target/bench/report.md,
+    /// report.json and datapath.png.
+    Bench {
+        /// A reduced run for a smoke check (under 3 minutes).
+        #[arg(long)]
+        quick: bool,
+        /// Skip `setup` (for machines that are already set up).
+        #[arg(long)]
+        no_setup: bool,
+        /// More arguments for `mcs-bench` (e.g. `--only datapath`, `--services 1,1000`,
+        /// `--modes socket-lb,direct`, `--seconds 3`).
+        #[arg(last = true)]
+        args: Vec<String>,
     },
     /// The standalone demo: three clusters in network namespaces, real traffic, a report.
     Demo {
@@ -156,6 +172,23 @@ fn test(no_setup: bool, args: &[String]) -> anyhow::Result<()> {
     run(&mut cmd)
 }
 
+fn bench(quick: bool, no_setup: bool, args: &[String]) -> anyhow::Result<()> {
+    if !no_setup {
+        setup::setup()?;
+    }
+    // Release builds: the figures are for what users run.
+    let dir = build(true)?;
+    let out = workspace_root().join("target").join("bench");
+    let mut cmd = Command::new(dir.join("mcs-bench"));
+    cmd.current_dir(workspace_root())
+        .arg("--out")
+        .arg(&out)
+        .args(quick.then_some("--quick"))
+        .args(args)
+        .env("MCS_AGENT_BIN", dir.join("dataplane-agent"));
+    run(&mut cmd)
+}
+
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Task::Setup => setup::setup(),
@@ -167,5 +200,10 @@ fn main() -> anyhow::Result<()> {
         }
         Task::Manifests { check } => manifests::run(check),
         Task::Demo { dir, probes, wait } => demo::demo(dir, probes, wait),
+        Task::Bench {
+            quick,
+            no_setup,
+            args,
+        } => bench(quick, no_setup, &args),
     }
 }

@@ -354,7 +354,11 @@ fn event_to_map(
     let config = topo.dir.join("clusterset.yaml");
     std::fs::write(
         &config,
-        format!("localCluster: {}\nmembers:\n- id: {}\n", importing(), importing()),
+        format!(
+            "localCluster: {}\nmembers:\n- id: {}\n",
+            importing(),
+            importing()
+        ),
     )?;
     let table = lb::build(&plan.service_imports, &plan.endpoint_slices);
     let caps = loader_for(&topo, table.frontends.len(), backend_count(&table));
@@ -427,7 +431,10 @@ fn event_to_map(
     for i in 0..changes {
         let pick = rng.usize(..slices.len());
         let (service, slice) = &mut slices[pick];
-        let key = frontends.get(service).context("slice of an unknown service")?.key();
+        let key = frontends
+            .get(service)
+            .context("slice of an unknown service")?
+            .key();
         let before = maps.frontend(&key)?;
         let endpoint = slice.endpoints.first_mut().context("empty slice")?;
         endpoint.addresses = vec![fresh_ip(i).to_string()];

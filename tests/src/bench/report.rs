@@ -1,0 +1,301 @@
+//! `target/bench/report.md`: every figure of one run, ratios against `direct` and `iptables`
+//! from the same run, and the issue's goals marked met or missed.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::{
+    control::ControlReport,
+    datapath::{DatapathReport, Mode, Throughput},
+};
+
+/// Where and how the run happened.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunInfo {
+    pub command: String,
+    pub started: String,
+    pub kernel: String,
+    pub cpus: usize,
+    pub cpu_model: String,
+    pub memory_gib: f64,
+    pub seconds: f64,
+}
+
+/// Everything one run measured (also written as `report.json`).
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    pub run: RunInfo,
+    pub datapath: Option<DatapathReport>,
+    pub control: Option<ControlReport>,
+}
+
+/// One goal of the issue, checked against a figure of this run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Goal {
+    pub goal: String,
+    pub measured: String,
+    pub met: bool,
+}
+
+fn find(t: &[Throughput], mode: Mode, services: usize) -> Option<&Throughput> {
+    t.iter()
+        .find(|r| r.mode == mode && r.services == services && r.skipped.is_none())
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 {
+        format!("{:.2}x", a / b)
+    } else {
+        "-".into()
+    }
+}
+
+/// The goals that this run's figures speak to.
+pub fn goals(report: &BenchReport) -> Vec<Goal> {
+    let mut goals = Vec::new();
+    if let Some(dp) = &report.datapath {
+        let n = 10_000;
+        if let Some(ours) = find(&dp.throughput, Mode::SocketLb, n) {
+            if let Some(direct) = find(&dp.throughput, Mode::Direct, n) {
+                let r = ours.conns_per_sec / direct.conns_per_sec;
+                goals.push(Goal {
+                    goal: "socket LB at N=10,000: >= 0.95x direct connections/s".into(),
+                    measured: format!(
+                        "{r:.2}x ({:.0} vs {:.0} conn/s)",
+                        ours.conns_per_sec, direct.conns_per_sec
+                    ),
+                    met: r >= 0.95,
+                });
+            }
+            if let Some(ipt) = find(&dp.throughput, Mode::Iptables, n) {
+                let r = ours.conns_per_sec / ipt.conns_per_sec;
+                goals.push(Goal {
+                    goal: "socket LB at N=10,000: >= 2x iptables connections/s".into(),
+                    measured: format!(
+                        "{r:.2}x ({:.0} vs {:.0} conn/s)",
+                        ours.conns_per_sec, ipt.conns_per_sec
+                    ),
+                    met: r >= 2.0,
+                });
+            }
+        }
+    }
+    if let Some(cp) = &report.control {
+        if let Some(change) = cp.map_change.iter().find(|c| c.services == 10_000) {
+            let ipt = report.datapath.as_ref().and_then(|dp| {
+                dp.change
+                    .iter()
+                    .find(|c| c.mode == Mode::Iptables && c.services == 10_000)
+            });
+            goals.push(Goal {
+                goal: "one service change at N=10,000: < 1 ms (ours)".into(),
+                measured: format!(
+                    "p50 {:.3} ms, p99 {:.3} ms{}",
+                    change.latency.p50_ms,
+                    change.latency.p99_ms,
+                    ipt.map(|i| format!(" (iptables-restore: p50 {:.1} ms)", i.p50_ms))
+                        .unwrap_or_default()
+                ),
+                met: change.latency.p99_ms < 1.0,
+            });
+        }
+        if let Some(m) = &cp.merge {
+            goals.push(Goal {
+                goal: format!("merge + lb build, {}: < 100 ms", m.shape),
+                measured: format!(
+                    "{:.0} ms (merge {:.0}, lb {:.0})",
+                    m.total_ms, m.merge_ms, m.lb_ms
+                ),
+                met: m.total_ms < 100.0,
+            });
+        }
+        if let Some(e) = &cp.event_to_map {
+            goals.push(Goal {
+                goal: "EndpointSlice change to map write: p99 < 5 ms".into(),
+                measured: format!(
+                    "p50 {:.2} ms, p99 {:.2} ms over {} changes ({} timed out)",
+                    e.latency.p50_ms, e.latency.p99_ms, e.latency.samples, e.timeouts
+                ),
+                met: e.latency.p99_ms < 5.0 && e.timeouts == 0 && e.latency.samples > 0,
+            });
+        }
+        if let Some(r) = cp.rss.iter().find(|r| r.shape.services == 10_000) {
+            goals.push(Goal {
+                goal: "agent RSS at 10,000 services: < 100 MiB".into(),
+                measured: format!("{:.0} MiB ({})", r.rss_mib, r.shape),
+                met: r.rss_mib < 100.0,
+            });
+        }
+    }
+    goals
+}
+
+/// The markdown report.
+pub fn markdown(report: &BenchReport) -> String {
+    let mut out = String::new();
+    let run = &report.run;
+    let _ = writeln!(out, "# Benchmark report\n");
+    let _ = writeln!(
+        out,
+        "`{}`, started {}, took {:.0} s. Machine: {} x {}, {:.0} GiB, Linux {}.\n",
+        run.command, run.started, run.seconds, run.cpus, run.cpu_model, run.memory_gib, run.kernel
+    );
+
+    let goals = goals(report);
+    if !goals.is_empty() {
+        let _ = writeln!(out, "## Goals\n\n| goal | measured | |\n|---|---|---|");
+        for g in &goals {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} |",
+                g.goal,
+                g.measured,
+                if g.met { "met" } else { "**missed**" }
+            );
+        }
+        out.push('\n');
+    }
+
+    if let Some(dp) = &report.datapath {
+        datapath_tables(&mut out, dp, report.control.as_ref());
+    }
+    if let Some(cp) = &report.control {
+        control_tables(&mut out, cp);
+    }
+    out
+}
+
+fn datapath_tables(out: &mut String, dp: &DatapathReport, cp: Option<&ControlReport>) {
+    let _ = writeln!(
+        out,
+        "## Datapath: connect, one request and reply, close\n\n\
+         Ratios are against `direct` and `iptables` at the same N in this run.\n\n\
+         | N | mode | conn/s | p50 µs | p99 µs | vs direct | vs iptables | failures | install s |\n\
+         |---:|---|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    let mut ns: Vec<usize> = dp.throughput.iter().map(|t| t.services).collect();
+    ns.sort_unstable();
+    ns.dedup();
+    for &n in &ns {
+        let direct = find(&dp.throughput, Mode::Direct, n);
+        let ipt = find(&dp.throughput, Mode::Iptables, n);
+        for t in dp.throughput.iter().filter(|t| t.services == n) {
+            if let Some(why) = &t.skipped {
+                let _ = writeln!(out, "| {n} | {} | skipped: {why} ||||||||", t.mode);
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                "| {n} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {:.1} |",
+                t.mode,
+                t.conns_per_sec,
+                t.p50_us,
+                t.p99_us,
+                direct.map_or("-".into(), |d| ratio(t.conns_per_sec, d.conns_per_sec)),
+                ipt.map_or("-".into(), |i| ratio(t.conns_per_sec, i.conns_per_sec)),
+                t.failures,
+                t.install_secs
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\n![connections per second and p99 latency against N](datapath.png)\n"
+    );
+
+    let _ = writeln!(
+        out,
+        "## One service change with N services installed\n\n\
+         | N | mode | p50 ms | p99 ms | samples | how |\n|---:|---|---:|---:|---:|---|"
+    );
+    let mut rows: Vec<(usize, String, f64, f64, usize, String)> = dp
+        .change
+        .iter()
+        .map(|c| {
+            (
+                c.services,
+                c.mode.to_string(),
+                c.p50_ms,
+                c.p99_ms,
+                c.samples,
+                c.how.clone(),
+            )
+        })
+        .collect();
+    if let Some(cp) = cp {
+        rows.extend(cp.map_change.iter().map(|c| {
+            (
+                c.services,
+                Mode::SocketLb.to_string(),
+                c.latency.p50_ms,
+                c.latency.p99_ms,
+                c.latency.samples,
+                format!(
+                    "the agent's map sync of the changed service (`MapSync::sync_services`) into the kernel maps, in-process; {} per service",
+                    per_service(&c.shape)
+                ),
+            )
+        }));
+    }
+    rows.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+    for (n, mode, p50, p99, samples, how) in rows {
+        let _ = writeln!(
+            out,
+            "| {n} | {mode} | {p50:.3} | {p99:.3} | {samples} | {how} |"
+        );
+    }
+    out.push('\n');
+    if !dp.notes.is_empty() {
+        let _ = writeln!(out, "Datapath notes:\n");
+        for n in &dp.notes {
+            let _ = writeln!(out, "- {n}");
+        }
+        out.push('\n');
+    }
+}
+
+fn per_service(shape: &dataplane_agent::synthetic::Shape) -> String {
+    format!(
+        "{} port(s), {} clusters x {} endpoints",
+        shape.ports, shape.clusters, shape.endpoints
+    )
+}
+
+fn control_tables(out: &mut String, cp: &ControlReport) {
+    let _ = writeln!(out, "## Control plane\n\n| figure | value |\n|---|---|");
+    if let Some(m) = &cp.merge {
+        let _ = writeln!(
+            out,
+            "| merge + lb build, {} (median of {}) | {:.0} ms (merge {:.0} ms, lb {:.0} ms; {} frontends) |",
+            m.shape, m.runs, m.total_ms, m.merge_ms, m.lb_ms, m.frontends
+        );
+    }
+    if let Some(s) = &cp.full_sync {
+        let _ = writeln!(
+            out,
+            "| full map sync into empty kernel maps, {} | {:.0} ms ({} frontends, {} backends, {} slots, {} writes) |",
+            s.shape, s.ms, s.frontends, s.backends, s.slots, s.writes
+        );
+    }
+    if let Some(e) = &cp.event_to_map {
+        let _ = writeln!(
+            out,
+            "| imported EndpointSlice change in the API server to map write, {} | p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} changes, {} timed out) |",
+            e.shape,
+            e.latency.p50_ms,
+            e.latency.p99_ms,
+            e.latency.max_ms,
+            e.latency.samples,
+            e.timeouts
+        );
+    }
+    for r in &cp.rss {
+        let _ = writeln!(
+            out,
+            "| agent RSS (node role on the API), {} | {:.0} MiB (peak {:.0} MiB; in sync after {:.1} s) |",
+            r.shape, r.rss_mib, r.peak_mib, r.startup_secs
+        );
+    }
+    out.push('\n');
+}
