@@ -497,7 +497,8 @@ fn node_only_role_routes_seeded_imports() {
 /// ports each) and 50,000 imported slices (5 clusters x 10 endpoints) seeded into a fake API
 /// server. The slices carry no managed-by label, so an agent with a controller (`MCS_RSS_ROLES`
 /// unset: the binary's default, which also works for agents without `--roles`) leaves them
-/// alone. `MCS_AGENT_BIN` measures another build.
+/// alone. `MCS_AGENT_BIN` measures another build, `MCS_RSS_MAX` sets the backend and slot map
+/// sizes (default 2,000,000).
 ///
 /// `cargo test -p tests --test kube_node -- --ignored --nocapture rss`
 #[test]
@@ -545,6 +546,9 @@ fn rss_at_10k_services() {
     .expect("write");
     let config = dir.join("clusterset.yaml");
     let port_arg = format!("127.0.0.1:{}", free_port());
+    // Room for every backend and slot (a million each), unless MCS_RSS_MAX says otherwise
+    // (a small value leaves most services out of the maps, and so out of the map mirror).
+    let max = std::env::var("MCS_RSS_MAX").unwrap_or_else(|_| "2000000".into());
     let mut args = vec![
         "run",
         "--config",
@@ -552,9 +556,9 @@ fn rss_at_10k_services() {
         "--metrics-address",
         &port_arg,
         "--max-backends",
-        "2000000",
+        &max,
         "--max-slots",
-        "2000000",
+        &max,
     ];
     let roles = std::env::var("MCS_RSS_ROLES").ok();
     if let Some(roles) = &roles {

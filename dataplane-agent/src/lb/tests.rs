@@ -1291,3 +1291,95 @@ mod incremental {
         }
     }
 }
+
+/// Not a check but a measurement: the resident memory of the node's inputs and lb table at
+/// 10,000 services x 5 clusters x 10 endpoints (the shapes of `benches/node_event.rs`).
+/// `cargo test -p dataplane-agent --lib -- --ignored --nocapture memory_of_the_inputs`
+#[test]
+#[ignore = "a measurement"]
+fn memory_of_the_inputs_at_10k_services() {
+    use std::sync::Arc;
+
+    use crate::lb::inputs::{Change, InputIndex};
+
+    fn rss_mib() -> f64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+        let pages: f64 = statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0.0);
+        pages * 4096.0 / (1024.0 * 1024.0)
+    }
+    let start = rss_mib();
+    let mut imports = Vec::new();
+    let mut slices = Vec::new();
+    for s in 0..10_000usize {
+        let mut si = import(
+            &format!("svc-{s}"),
+            &[&format!("241.0.{}.{}", s >> 8, s & 255)],
+            &[IPv4],
+            &[("http", "TCP", 80), ("metrics", "TCP", 9090)],
+        );
+        si.metadata.resource_version = Some(s.to_string());
+        imports.push(Arc::new(si));
+        for c in 0..5usize {
+            let eps = (0..10usize)
+                .map(|e| {
+                    let i = s * 10 + e;
+                    ep(
+                        &format!(
+                            "{}.{}.{}.{}",
+                            10 + c,
+                            (i >> 16) & 255,
+                            (i >> 8) & 255,
+                            i & 255
+                        ),
+                        READY,
+                    )
+                })
+                .collect();
+            let mut sl = slice(
+                &format!("svc-{s}-cluster-{c}-ipv4"),
+                &format!("svc-{s}"),
+                &format!("cluster-{c}"),
+                "IPv4",
+                &[("http", "TCP", 8080), ("metrics", "TCP", 9090)],
+                eps,
+            );
+            sl.metadata.resource_version = Some((100_000 + s * 5 + c).to_string());
+            slices.push(Arc::new(sl));
+        }
+    }
+    let objects = rss_mib();
+    let copy: (Vec<ServiceImport>, Vec<EndpointSlice>) = (
+        imports.iter().map(|o| (**o).clone()).collect(),
+        slices.iter().map(|o| (**o).clone()).collect(),
+    );
+    let copied = rss_mib();
+    let mut index = InputIndex::default();
+    let mut dirty = std::collections::BTreeSet::new();
+    index.apply(
+        Change::Snapshot {
+            imports: imports.clone(),
+            slices: slices.clone(),
+        },
+        &mut dirty,
+    );
+    drop(imports);
+    drop(slices);
+    let indexed = rss_mib();
+    let mut lb = LbState::default();
+    lb.update(&dirty, |s| index.inputs(s));
+    let table = rss_mib();
+    println!(
+        "objects (10k imports, 50k slices): {:.0} MiB; a deep copy of them: {:.0} MiB; \
+         index over them: {:.0} MiB; LbState (table and per-service state): {:.0} MiB",
+        objects - start,
+        copied - objects,
+        indexed - copied,
+        table - indexed
+    );
+    assert_eq!(lb.table().frontends.len(), 20_000);
+    drop(copy);
+}
