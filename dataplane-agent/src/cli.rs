@@ -134,6 +134,16 @@ pub struct RunArgs {
         conflicts_with = "clusterset_dir"
     )]
     pub lease_namespace: String,
+    /// Kubernetes mode: the roles to run: `node` (route the local cluster's imports; needs only
+    /// the local API server), `controller` (the lease-elected merge and writer; no eBPF) or `all`.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "all",
+        env = "MCS_ROLES",
+        conflicts_with = "clusterset_dir"
+    )]
+    pub roles: crate::roles::kube::Roles,
     /// Kubernetes mode: address of /metrics, /healthz and /readyz.
     #[arg(
         long,

@@ -1,5 +1,3 @@
-use std::sync::Arc;
-
 use anyhow::Context as _;
 use clap::Parser as _;
 use dataplane_agent::{
@@ -37,7 +35,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
             rt.block_on(async move {
                 let node = node::Node::start(&cfg).context("installing the dataplane")?;
-                let (tx, rx) = tokio::sync::watch::channel(None::<Arc<node::NodeInputs>>);
+                let (tx, rx) = node::channel();
                 tokio::spawn(node::watch_node_dir(args.from_dir.clone(), tx));
                 node::run(node, rx, node::shutdown_signal()).await;
                 Ok(())
@@ -48,6 +46,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             if let Some(config_path) = &args.config {
                 let config = AgentConfig::read(config_path)?;
                 let options = kube::KubeModeOptions {
+                    roles: args.roles,
                     identity: args.identity.clone().unwrap_or_else(cli::hostname),
                     lease_namespace: args.lease_namespace.clone(),
                     telemetry_address: args.metrics_address,
@@ -66,7 +65,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
             rt.block_on(async move {
                 let node = node::Node::start(&cfg).context("installing the dataplane")?;
-                let (tx, rx) = tokio::sync::watch::channel(None::<Arc<node::NodeInputs>>);
+                let (tx, rx) = node::channel();
                 tokio::spawn(standalone::watch_clusterset(
                     dir,
                     args.cluster.clone(),

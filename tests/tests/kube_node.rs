@@ -374,3 +374,224 @@ fn node_role_follows_imported_slices_from_the_api() {
     wait_http(&mut agent, metrics_port, "/readyz", 200).expect("ready again");
     wait_backends(&mut agent, &vip, 80, &east_only).expect("still east only");
 }
+
+/// An imported slice of `web` from `cluster`, as the controller would write it.
+fn imported_slice(srv: &FakeApiServer, name: &str, service: &str, cluster: &str, ips: &[&str]) {
+    let endpoints: Vec<Value> = ips
+        .iter()
+        .map(|ip| json!({"addresses": [ip], "conditions": {"ready": true}, "nodeName": "n1"}))
+        .collect();
+    srv.put(&json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": NS,
+                     "annotations": {"unused": "x"},
+                     "labels": {"multicluster.kubernetes.io/service-name": service,
+                                "multicluster.kubernetes.io/source-cluster": cluster,
+                                "endpointslice.kubernetes.io/managed-by": "mcs-dataplane.x-k8s.io"}},
+        "addressType": "IPv4", "endpoints": endpoints,
+        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]}));
+}
+
+/// `--roles node`: the node role alone routes ServiceImports and imported slices seeded
+/// straight into the API server (no controller deletes them, no other member is contacted),
+/// and follows edits event by event: a new endpoint, a slice moved to another service by its
+/// label, a deleted slice, a deleted import.
+#[test]
+fn node_only_role_routes_seeded_imports() {
+    require_root!();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let topo = Topology::new(&["east", "west"]).expect("topology");
+    let api = rt.block_on(FakeApiServer::start()).expect("api");
+    let (vip, vip2) = ("241.0.9.1", "241.0.9.2");
+    for (name, ip) in [("web", vip), ("api", vip2)] {
+        api.put(
+            &json!({"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceImport",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"type": "ClusterSetIP", "ips": [ip], "ipFamilies": ["IPv4"],
+                     "ports": [{"name": "http", "protocol": "TCP", "port": 80}]}}),
+        );
+    }
+    imported_slice(&api, "web-east", "web", "east", &["10.9.0.1"]);
+    imported_slice(&api, "web-west", "web", "west", &["10.9.1.1"]);
+
+    let dir = topo.dir.join("kube-node");
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(dir.join("east.kubeconfig"), kubeconfig(&api.url())).expect("write");
+    // West's kubeconfig does not exist: a node-only agent must not read it.
+    std::fs::write(
+        dir.join("clusterset.yaml"),
+        "localCluster: east\nmembers:\n- id: east\n  kubeconfig: east.kubeconfig\n- id: west\n  kubeconfig: missing.kubeconfig\n",
+    )
+    .expect("write");
+    let config = dir.join("clusterset.yaml");
+    let metrics_port = free_port();
+    let port_arg = format!("127.0.0.1:{metrics_port}");
+    let args = [
+        "run",
+        "--config",
+        config.to_str().expect("utf-8"),
+        "--roles",
+        "node",
+        "--metrics-address",
+        &port_arg,
+    ];
+    let mut agent = Agent::start(&topo, &args).expect("agent");
+    // Ready after the first sync.
+    wait_http(&mut agent, metrics_port, "/readyz", 200).expect("ready");
+    wait_backends(
+        &mut agent,
+        vip,
+        80,
+        &set(&["east/10.9.0.1:8080", "west/10.9.1.1:8080"]),
+    )
+    .expect("seeded slices routed");
+    wait_backends(&mut agent, vip2, 80, &set(&[])).expect("api refuses");
+
+    imported_slice(&api, "web-east", "web", "east", &["10.9.0.1", "10.9.0.2"]);
+    wait_backends(
+        &mut agent,
+        vip,
+        80,
+        &set(&[
+            "east/10.9.0.1:8080",
+            "east/10.9.0.2:8080",
+            "west/10.9.1.1:8080",
+        ]),
+    )
+    .expect("a new endpoint");
+    // West's slice moves to api by its label: it leaves web and joins api.
+    imported_slice(&api, "web-west", "api", "west", &["10.9.1.1"]);
+    wait_backends(&mut agent, vip2, 80, &set(&["west/10.9.1.1:8080"])).expect("moved in");
+    wait_backends(
+        &mut agent,
+        vip,
+        80,
+        &set(&["east/10.9.0.1:8080", "east/10.9.0.2:8080"]),
+    )
+    .expect("moved out");
+    assert!(
+        api.delete_json("discovery.k8s.io/v1", "EndpointSlice", NS, "web-east")
+            .is_some()
+    );
+    wait_backends(&mut agent, vip, 80, &set(&[])).expect("slice deleted");
+    api.delete::<ServiceImport>(NS, "api");
+    let deadline = Instant::now() + WAIT;
+    while inspect_json(&agent.pin_dir)
+        .expect("inspect")
+        .iter()
+        .any(|(ip, _, _)| ip == vip2)
+    {
+        assert!(Instant::now() < deadline, "{}", agent.log_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Nothing deleted the seeded objects (no controller ran).
+    assert!(api.get::<ServiceImport>(NS, "web").is_some());
+    // Only the local member was connected (west's kubeconfig does not even exist).
+    assert!(
+        agent.log_text().contains("members=1"),
+        "{}",
+        agent.log_text()
+    );
+}
+
+/// Not a check but a measurement: the resident memory of an agent routing 10,000 imports (two
+/// ports each) and 50,000 imported slices (5 clusters x 10 endpoints) seeded into a fake API
+/// server. The slices carry no managed-by label, so an agent with a controller (`MCS_RSS_ROLES`
+/// unset: the binary's default, which also works for agents without `--roles`) leaves them
+/// alone. `MCS_AGENT_BIN` measures another build, `MCS_RSS_MAX` sets the backend and slot map
+/// sizes (default 2,000,000).
+///
+/// `cargo test -p tests --test kube_node -- --ignored --nocapture rss`
+#[test]
+#[ignore = "a measurement; takes a minute"]
+fn rss_at_10k_services() {
+    require_root!();
+    const SERVICES: usize = 10_000;
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let topo = Topology::new(&["east"]).expect("topology");
+    let api = rt.block_on(FakeApiServer::start()).expect("api");
+    for s in 0..SERVICES {
+        let name = format!("svc-{s}");
+        api.put(
+            &json!({"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceImport",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"type": "ClusterSetIP", "ips": [format!("241.0.{}.{}", s >> 8, s & 255)],
+                     "ipFamilies": ["IPv4"],
+                     "ports": [{"name": "http", "protocol": "TCP", "port": 80},
+                               {"name": "metrics", "protocol": "TCP", "port": 9090}]}}),
+        );
+        for c in 0..5 {
+            let endpoints: Vec<Value> = (0..10)
+                .map(|e| {
+                    let i = s * 10 + e;
+                    json!({"addresses": [format!("{}.{}.{}.{}", 10 + c, (i >> 16) & 255, (i >> 8) & 255, i & 255)],
+                           "conditions": {"ready": true, "serving": true, "terminating": false}})
+                })
+                .collect();
+            api.put(&json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": format!("{name}-cluster-{c}-ipv4"), "namespace": NS,
+                             "labels": {"multicluster.kubernetes.io/service-name": name,
+                                        "multicluster.kubernetes.io/source-cluster": format!("cluster-{c}")}},
+                "addressType": "IPv4", "endpoints": endpoints,
+                "ports": [{"name": "http", "protocol": "TCP", "port": 8080},
+                          {"name": "metrics", "protocol": "TCP", "port": 9090}]}));
+        }
+    }
+    let dir = topo.dir.join("kube-rss");
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(dir.join("east.kubeconfig"), kubeconfig(&api.url())).expect("write");
+    std::fs::write(
+        dir.join("clusterset.yaml"),
+        "localCluster: east\nmembers:\n- id: east\n  kubeconfig: east.kubeconfig\n",
+    )
+    .expect("write");
+    let config = dir.join("clusterset.yaml");
+    let port_arg = format!("127.0.0.1:{}", free_port());
+    // Room for every backend and slot (a million each), unless MCS_RSS_MAX says otherwise
+    // (a small value leaves most services out of the maps, and so out of the map mirror).
+    let max = std::env::var("MCS_RSS_MAX").unwrap_or_else(|_| "2000000".into());
+    let mut args = vec![
+        "run",
+        "--config",
+        config.to_str().expect("utf-8"),
+        "--metrics-address",
+        &port_arg,
+        "--max-backends",
+        &max,
+        "--max-slots",
+        &max,
+    ];
+    let roles = std::env::var("MCS_RSS_ROLES").ok();
+    if let Some(roles) = &roles {
+        args.extend(["--roles", roles.as_str()]);
+    }
+    let started = Instant::now();
+    let mut agent = Agent::start(&topo, &args).expect("agent");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !agent.log_text().contains("services=10000") {
+        assert!(
+            Instant::now() < deadline && agent.running(),
+            "{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let synced = started.elapsed();
+    std::thread::sleep(Duration::from_secs(3));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.pid().expect("pid")))
+        .expect("status");
+    let rss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS"))
+        .unwrap_or_default()
+        .to_owned();
+    let hwm = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM"))
+        .unwrap_or_default()
+        .to_owned();
+    println!(
+        "agent {} roles {:?}: first full sync after {synced:?}; {rss}; {hwm}",
+        agent_bin().display(),
+        roles
+    );
+}

@@ -186,10 +186,11 @@ type SlicesByService<'a> = HashMap<Key<'a>, Vec<ImportedSlice<'a>>>;
 
 /// Reads the slices of every service, skipping (and reporting) malformed ones.
 fn index_slices<'a>(
-    slices: &'a [EndpointSlice],
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
     warnings: &mut Vec<LbWarning>,
 ) -> SlicesByService<'a> {
-    let mut by_service: SlicesByService<'a> = HashMap::with_capacity(slices.len());
+    let slices = slices.into_iter();
+    let mut by_service: SlicesByService<'a> = HashMap::with_capacity(slices.size_hint().0);
     // Each source-cluster label value is checked and turned into a ClusterId once; the
     // backends then share it.
     let mut clusters: HashMap<&'a str, Result<ClusterId, String>> = HashMap::new();
@@ -311,11 +312,13 @@ fn index_slices<'a>(
 /// one whose JSON is smallest is used (and the duplicate reported), so the choice does not
 /// depend on the input order.
 fn unique_imports<'a>(
-    imports: &'a [ServiceImport],
+    imports: impl IntoIterator<Item = &'a ServiceImport>,
     warnings: &mut Vec<LbWarning>,
 ) -> Vec<(Key<'a>, &'a ServiceImport)> {
-    let mut sorted: Vec<(Key<'a>, &'a ServiceImport)> =
-        imports.iter().map(|si| (key(&si.metadata), si)).collect();
+    let mut sorted: Vec<(Key<'a>, &'a ServiceImport)> = imports
+        .into_iter()
+        .map(|si| (key(&si.metadata), si))
+        .collect();
     sorted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let json = |si: &ServiceImport| serde_json::to_string(si).unwrap_or_default();
     let mut out: Vec<(Key<'a>, &'a ServiceImport)> = Vec::with_capacity(sorted.len());
@@ -345,145 +348,175 @@ pub fn build(imports: &[ServiceImport], slices: &[EndpointSlice]) -> LbTable {
 
     // Sorted, so a VIP claimed twice goes to the same import whatever the input order.
     for ((namespace, name), si) in unique_imports(imports, &mut table.warnings) {
-        if si.spec.type_ == ServiceImportType::Headless {
-            continue;
-        }
-        let mut warn = |message: String| {
-            table.warnings.push(LbWarning {
-                object: format!("ServiceImport {namespace}/{name}"),
-                message,
-            })
-        };
-        let affinity_timeout_s =
-            (si.spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
-                si.spec
-                    .session_affinity_config
-                    .as_ref()
-                    .and_then(|c| c.client_ip.as_ref())
-                    .and_then(|c| c.timeout_seconds)
-                    .and_then(|t| u32::try_from(t).ok())
-                    .filter(|t| *t > 0)
-                    .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_S)
-            });
         let service_slices = slices_by_service
             .get(&(namespace, name))
             .map(Vec::as_slice)
             .unwrap_or(&[]);
-
-        // ips[i] is the VIP of ipFamilies[i]; when ipFamilies is empty each IP's own family counts.
-        let mut vips: Vec<(IpFamily, IpAddr)> = Vec::new();
-        for (i, raw) in si.spec.ips.iter().enumerate() {
-            let Some(ip) = parse_ip(raw) else {
-                warn(format!("ips[{i}] {raw:?} is not an IP address; skipped"));
-                continue;
-            };
-            let family = IpFamily::of(&ip);
-            if let Some(declared) = si.spec.ip_families.get(i)
-                && *declared != family
-            {
-                warn(format!(
-                    "ips[{i}] {ip} is not of ipFamilies[{i}] {declared}; skipped"
-                ));
-                continue;
-            }
-            if vips.iter().any(|(f, _)| *f == family) {
-                warn(format!("a second {family} ClusterSet IP {ip}; skipped"));
-                continue;
-            }
-            if let Some(owner) = table.vips.get(&ip) {
-                warn(format!(
-                    "ClusterSet IP {ip} already belongs to {owner}; skipped"
-                ));
-                continue;
-            }
-            vips.push((family, ip));
-        }
-
-        // (name, protocol, number); a Service has a handful of ports, so a list is enough to
-        // find the (number, protocol) listed twice.
-        let mut ports: Vec<(&str, Protocol, u16)> = Vec::with_capacity(si.spec.ports.len());
-        for p in &si.spec.ports {
-            let port_name = p.name_or_empty();
-            let protocol = match Protocol::parse(p.protocol.as_deref()) {
-                Ok(proto) => proto,
-                Err(other) => {
-                    warn(format!(
-                        "port {port_name:?}: protocol {other} is not load-balanced at socket level"
-                    ));
-                    continue;
-                }
-            };
-            let Some(number) = u16::try_from(p.port).ok().filter(|n| *n > 0) else {
-                warn(format!("port {port_name:?}: {} is not in 1..65535", p.port));
-                continue;
-            };
-            if ports
-                .iter()
-                .any(|(_, pr, n)| *n == number && *pr == protocol)
-            {
-                warn(format!("port {number}/{protocol} is listed twice; skipped"));
-                continue;
-            }
-            ports.push((port_name, protocol, number));
-        }
-
-        if vips.is_empty() {
-            continue;
-        }
-        let service = NamespacedName::new(namespace, name);
-        for (family, vip) in vips {
-            table.vips.insert(vip, service.clone());
-            for (port_name, protocol, number) in &ports {
-                serving.clear();
-                serving.extend(
-                    service_slices
-                        .iter()
-                        .filter(|s| s.family == family)
-                        .filter_map(|s| Some((s, s.port(port_name, *protocol)?))),
-                );
-                // Ready endpoints; only when none is ready, the serving and terminating ones.
-                let any_ready = serving.iter().any(|(s, _)| s.any_ready);
-                let mut backends: Vec<Backend> =
-                    Vec::with_capacity(serving.iter().map(|(s, _)| s.endpoints.len()).sum());
-                for (slice, target) in &serving {
-                    for ep in &slice.endpoints {
-                        let usable = if any_ready {
-                            ep.ready
-                        } else {
-                            ep.serving_terminating
-                        };
-                        if usable {
-                            backends.push(Backend {
-                                cluster: slice.cluster.clone(),
-                                ip: ep.ip,
-                                port: *target,
-                            });
-                        }
-                    }
-                }
-                // The same endpoint may be listed by two slices.
-                backends.sort_unstable();
-                backends.dedup();
-                table.frontends.insert(
-                    FrontendAddr {
-                        ip: vip,
-                        port: *number,
-                        protocol: *protocol,
-                    },
-                    Frontend {
-                        service: service.clone(),
-                        port_name: (*port_name).to_owned(),
-                        affinity_timeout_s,
-                        backends,
-                    },
-                );
-            }
-        }
+        let _claimed = build_import(
+            (namespace, name),
+            si,
+            service_slices,
+            &mut table.vips,
+            &mut table.warnings,
+            &mut serving,
+            |addr, fe| {
+                table.frontends.insert(addr, fe);
+            },
+        );
     }
     table.warnings.sort();
     table.warnings.dedup();
     table
 }
+
+/// The frontends and VIPs of one import (the one kept for its namespace/name), given the
+/// slices of its service. A VIP already in `claimed` (claimed by an import earlier in sorted
+/// order) is skipped; the VIPs this import gets are added to `claimed` and returned, and every
+/// frontend is handed to `emit`.
+fn build_import<'s, 'a: 's>(
+    (namespace, name): Key<'_>,
+    si: &ServiceImport,
+    service_slices: &'s [ImportedSlice<'a>],
+    claimed: &mut BTreeMap<IpAddr, NamespacedName>,
+    warnings: &mut Vec<LbWarning>,
+    serving: &mut Vec<(&'s ImportedSlice<'a>, u16)>,
+    mut emit: impl FnMut(FrontendAddr, Frontend),
+) -> Vec<(IpFamily, IpAddr)> {
+    if si.spec.type_ == ServiceImportType::Headless {
+        return Vec::new();
+    }
+    let mut warn = |message: String| {
+        warnings.push(LbWarning {
+            object: format!("ServiceImport {namespace}/{name}"),
+            message,
+        })
+    };
+    let affinity_timeout_s = (si.spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+        si.spec
+            .session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds)
+            .and_then(|t| u32::try_from(t).ok())
+            .filter(|t| *t > 0)
+            .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_S)
+    });
+    // ips[i] is the VIP of ipFamilies[i]; when ipFamilies is empty each IP's own family counts.
+    let mut vips: Vec<(IpFamily, IpAddr)> = Vec::new();
+    for (i, raw) in si.spec.ips.iter().enumerate() {
+        let Some(ip) = parse_ip(raw) else {
+            warn(format!("ips[{i}] {raw:?} is not an IP address; skipped"));
+            continue;
+        };
+        let family = IpFamily::of(&ip);
+        if let Some(declared) = si.spec.ip_families.get(i)
+            && *declared != family
+        {
+            warn(format!(
+                "ips[{i}] {ip} is not of ipFamilies[{i}] {declared}; skipped"
+            ));
+            continue;
+        }
+        if vips.iter().any(|(f, _)| *f == family) {
+            warn(format!("a second {family} ClusterSet IP {ip}; skipped"));
+            continue;
+        }
+        if let Some(owner) = claimed.get(&ip) {
+            warn(format!(
+                "ClusterSet IP {ip} already belongs to {owner}; skipped"
+            ));
+            continue;
+        }
+        vips.push((family, ip));
+    }
+
+    // (name, protocol, number); a Service has a handful of ports, so a list is enough to
+    // find the (number, protocol) listed twice.
+    let mut ports: Vec<(&str, Protocol, u16)> = Vec::with_capacity(si.spec.ports.len());
+    for p in &si.spec.ports {
+        let port_name = p.name_or_empty();
+        let protocol = match Protocol::parse(p.protocol.as_deref()) {
+            Ok(proto) => proto,
+            Err(other) => {
+                warn(format!(
+                    "port {port_name:?}: protocol {other} is not load-balanced at socket level"
+                ));
+                continue;
+            }
+        };
+        let Some(number) = u16::try_from(p.port).ok().filter(|n| *n > 0) else {
+            warn(format!("port {port_name:?}: {} is not in 1..65535", p.port));
+            continue;
+        };
+        if ports
+            .iter()
+            .any(|(_, pr, n)| *n == number && *pr == protocol)
+        {
+            warn(format!("port {number}/{protocol} is listed twice; skipped"));
+            continue;
+        }
+        ports.push((port_name, protocol, number));
+    }
+
+    if vips.is_empty() {
+        return vips;
+    }
+    let service = NamespacedName::new(namespace, name);
+    for &(family, vip) in &vips {
+        claimed.insert(vip, service.clone());
+        for (port_name, protocol, number) in &ports {
+            serving.clear();
+            serving.extend(
+                service_slices
+                    .iter()
+                    .filter(|s| s.family == family)
+                    .filter_map(|s| Some((s, s.port(port_name, *protocol)?))),
+            );
+            // Ready endpoints; only when none is ready, the serving and terminating ones.
+            let any_ready = serving.iter().any(|(s, _)| s.any_ready);
+            let mut backends: Vec<Backend> =
+                Vec::with_capacity(serving.iter().map(|(s, _)| s.endpoints.len()).sum());
+            for (slice, target) in serving.iter() {
+                for ep in &slice.endpoints {
+                    let usable = if any_ready {
+                        ep.ready
+                    } else {
+                        ep.serving_terminating
+                    };
+                    if usable {
+                        backends.push(Backend {
+                            cluster: slice.cluster.clone(),
+                            ip: ep.ip,
+                            port: *target,
+                        });
+                    }
+                }
+            }
+            // The same endpoint may be listed by two slices.
+            backends.sort_unstable();
+            backends.dedup();
+            emit(
+                FrontendAddr {
+                    ip: vip,
+                    port: *number,
+                    protocol: *protocol,
+                },
+                Frontend {
+                    service: service.clone(),
+                    port_name: (*port_name).to_owned(),
+                    affinity_timeout_s,
+                    backends,
+                },
+            );
+        }
+    }
+    vips
+}
+
+mod incremental;
+pub mod inputs;
+
+pub use incremental::{LbState, ServiceInputs, ServicePart, build_services};
 
 #[cfg(test)]
 mod tests;

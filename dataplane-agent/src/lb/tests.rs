@@ -1034,3 +1034,352 @@ proptest! {
         well_formed(&t)?;
     }
 }
+
+// ---- incremental build (LbState) and the input index
+
+mod incremental {
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::lb::inputs::{Change, InputIndex, strip_import, strip_slice};
+
+    fn labelled(slices: &[EndpointSlice]) -> Vec<EndpointSlice> {
+        slices
+            .iter()
+            .filter(|s| {
+                s.metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key(LABEL_SERVICE_NAME))
+            })
+            .cloned()
+            .collect()
+    }
+
+    fn snapshot(imports: &[ServiceImport], slices: &[EndpointSlice]) -> Change {
+        Change::Snapshot {
+            imports: imports.iter().cloned().map(Arc::new).collect(),
+            slices: slices.iter().cloned().map(Arc::new).collect(),
+        }
+    }
+
+    /// Files `change` and updates `lb` with what it touched.
+    fn apply(index: &mut InputIndex, lb: &mut LbState, change: Change) -> BTreeSet<NamespacedName> {
+        let mut dirty = BTreeSet::new();
+        index.apply(change, &mut dirty);
+        lb.update(&dirty, |s| index.inputs(s));
+        dirty
+    }
+
+    fn ns(name: &str) -> NamespacedName {
+        NamespacedName::new("ns", name)
+    }
+
+    fn si(name: &str, ips: &[&str]) -> ServiceImport {
+        let mut si = import(name, ips, &[], &[("http", "TCP", 80)]);
+        si.metadata.namespace = Some("ns".into());
+        si
+    }
+
+    fn es(name: &str, service: &str, addr: &str) -> EndpointSlice {
+        slice(
+            name,
+            service,
+            "c1",
+            "IPv4",
+            &[("http", "TCP", 8080)],
+            vec![ep(addr, None)],
+        )
+    }
+
+    #[test]
+    fn nothing_is_ready_before_both_lists() {
+        let mut index = InputIndex::default();
+        let mut dirty = BTreeSet::new();
+        index.apply(Change::Import(Arc::new(si("a", &[V4]))), &mut dirty);
+        index.apply(Change::Imports(vec![]), &mut dirty);
+        assert!(!index.is_ready());
+        index.apply(Change::Slices(vec![]), &mut dirty);
+        assert!(index.is_ready());
+    }
+
+    #[test]
+    fn a_relabelled_slice_dirties_both_services_and_moves() {
+        let mut index = InputIndex::default();
+        let mut lb = LbState::default();
+        let imports = [si("a", &[V4]), si("b", &["241.0.0.2"])];
+        let slices = [es("s1", "a", "10.0.0.1")];
+        apply(&mut index, &mut lb, snapshot(&imports, &slices));
+        let moved = es("s1", "b", "10.0.0.1");
+        let dirty = apply(&mut index, &mut lb, Change::Slice(Arc::new(moved.clone())));
+        assert_eq!(dirty, BTreeSet::from([ns("a"), ns("b")]));
+        assert_eq!(lb.table(), &build(&imports, &[moved]));
+        assert!(backends(lb.table(), V4, 80, Protocol::Tcp).is_empty());
+        // The same object again changes nothing.
+        let again = apply(
+            &mut index,
+            &mut lb,
+            Change::Slice(Arc::new(es("s1", "b", "10.0.0.1"))),
+        );
+        assert!(again.is_empty());
+    }
+
+    #[test]
+    fn a_relist_prunes_what_was_deleted_meanwhile_and_only_dirties_differences() {
+        let mut index = InputIndex::default();
+        let mut lb = LbState::default();
+        let imports = [si("a", &[V4]), si("b", &["241.0.0.2"])];
+        let slices = [es("s1", "a", "10.0.0.1"), es("s2", "b", "10.0.0.2")];
+        apply(
+            &mut index,
+            &mut lb,
+            Change::Imports(imports.iter().cloned().map(Arc::new).collect()),
+        );
+        apply(
+            &mut index,
+            &mut lb,
+            Change::Slices(slices.iter().cloned().map(Arc::new).collect()),
+        );
+        // Re-lists (new objects, equal or not): b's import and a's slice are gone.
+        let d1 = apply(
+            &mut index,
+            &mut lb,
+            Change::Imports(vec![Arc::new(imports[0].clone())]),
+        );
+        assert_eq!(d1, BTreeSet::from([ns("b")]));
+        let d2 = apply(
+            &mut index,
+            &mut lb,
+            Change::Slices(vec![Arc::new(slices[1].clone())]),
+        );
+        assert_eq!(d2, BTreeSet::from([ns("a")]));
+        assert_eq!(lb.table(), &build(&imports[..1], &slices[1..]));
+        assert!(index.inputs(&ns("a")).slices.is_empty());
+        assert!(index.inputs(&ns("b")).imports.is_empty());
+    }
+
+    #[test]
+    fn a_released_vip_goes_to_the_next_claimant() {
+        let mut index = InputIndex::default();
+        let mut lb = LbState::default();
+        let imports = [si("a", &[V4]), si("b", &[V4]), si("c", &["241.0.0.3"])];
+        apply(&mut index, &mut lb, snapshot(&imports, &[]));
+        assert_eq!(lb.table().vips.get(&V4.parse().unwrap()), Some(&ns("a")));
+        let a = Arc::new(imports[0].clone());
+        let dirty = apply(&mut index, &mut lb, Change::ImportDeleted(a));
+        assert_eq!(dirty, BTreeSet::from([ns("a")]));
+        assert_eq!(lb.table().vips.get(&V4.parse().unwrap()), Some(&ns("b")));
+        assert_eq!(lb.table(), &build(&imports[1..], &[]));
+        // And back: a takes it again, b loses it.
+        apply(
+            &mut index,
+            &mut lb,
+            Change::Import(Arc::new(imports[0].clone())),
+        );
+        assert_eq!(lb.table(), &build(&imports, &[]));
+    }
+
+    #[test]
+    fn stripping_keeps_the_table() {
+        let mut imports = vec![si("a", &[V4])];
+        imports[0].metadata.annotations = Some(BTreeMap::from([("x".into(), "y".into())]));
+        imports[0].metadata.labels = Some(BTreeMap::from([("app".into(), "web".into())]));
+        let mut slices = vec![es("s1", "a", "10.0.0.1")];
+        slices[0].endpoints[0].hostname = Some("pod".into());
+        slices[0].endpoints[0].node_name = Some("node".into());
+        let full = build(&imports, &slices);
+        for si in &mut imports {
+            strip_import(si);
+            assert!(si.metadata.annotations.is_none() && si.metadata.labels.is_none());
+        }
+        for s in &mut slices {
+            strip_slice(s);
+            assert!(s.endpoints[0].hostname.is_none());
+        }
+        assert_eq!(build(&imports, &slices), full);
+    }
+
+    /// One edit of the inputs, as a watch event would report it.
+    #[derive(Clone, Debug)]
+    enum Edit {
+        Import(ServiceImport),
+        DeleteImport(usize),
+        Slice(EndpointSlice),
+        DeleteSlice(usize),
+    }
+
+    fn arb_edit() -> impl Strategy<Value = Edit> {
+        prop_oneof![
+            arb_import().prop_map(Edit::Import),
+            any::<usize>().prop_map(Edit::DeleteImport),
+            arb_slice().prop_map(Edit::Slice),
+            any::<usize>().prop_map(Edit::DeleteSlice),
+        ]
+    }
+
+    type ObjKey = (String, String);
+
+    fn obj_key(meta: &ObjectMeta) -> ObjKey {
+        let (ns, name) = crate::merge::exports::key(meta);
+        (ns.to_owned(), name.to_owned())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// The table kept by LbState is the one `build` makes from the same inputs: after a
+        /// full snapshot (in any order), and after every one of a sequence of single-object
+        /// edits (adds, changes, deletes, slices moving between services by label, imports
+        /// contending for the same ClusterSet IP), each applied to only the services it touches.
+        #[test]
+        fn incremental_equals_full_build(
+            imports in prop::collection::vec(arb_import(), 0..6),
+            slices in prop::collection::vec(arb_slice(), 0..8),
+            edits in prop::collection::vec(arb_edit(), 1..12),
+        ) {
+            let mut index = InputIndex::default();
+            let mut lb = LbState::default();
+            apply(&mut index, &mut lb, snapshot(&imports, &slices));
+            prop_assert_eq!(lb.table(), &build(&imports, &labelled(&slices)));
+
+            // From here on, one object per namespace/name, as in an API server.
+            let mut imports: BTreeMap<ObjKey, ServiceImport> =
+                imports.into_iter().map(|s| (obj_key(&s.metadata), s)).collect();
+            let mut slices: BTreeMap<ObjKey, EndpointSlice> =
+                slices.into_iter().map(|s| (obj_key(&s.metadata), s)).collect();
+            let all_imports: Vec<_> = imports.values().cloned().collect();
+            let all_slices: Vec<_> = slices.values().cloned().collect();
+            apply(&mut index, &mut lb, snapshot(&all_imports, &all_slices));
+            prop_assert_eq!(lb.table(), &build(&all_imports, &labelled(&all_slices)));
+
+            for edit in edits {
+                let change = match edit {
+                    Edit::Import(si) => {
+                        imports.insert(obj_key(&si.metadata), si.clone());
+                        Change::Import(Arc::new(si))
+                    }
+                    Edit::DeleteImport(i) => {
+                        let Some(k) = imports.keys().nth(i % imports.len().max(1)).cloned() else {
+                            continue;
+                        };
+                        let si = imports.remove(&k).expect("present");
+                        Change::ImportDeleted(Arc::new(si))
+                    }
+                    Edit::Slice(s) => {
+                        slices.insert(obj_key(&s.metadata), s.clone());
+                        Change::Slice(Arc::new(s))
+                    }
+                    Edit::DeleteSlice(i) => {
+                        let Some(k) = slices.keys().nth(i % slices.len().max(1)).cloned() else {
+                            continue;
+                        };
+                        let s = slices.remove(&k).expect("present");
+                        Change::SliceDeleted(Arc::new(s))
+                    }
+                };
+                apply(&mut index, &mut lb, change);
+                let all_imports: Vec<_> = imports.values().cloned().collect();
+                let all_slices: Vec<_> = labelled(&slices.values().cloned().collect::<Vec<_>>());
+                let full = build(&all_imports, &all_slices);
+                prop_assert_eq!(lb.table(), &full);
+                for (service, part) in build_services(full.services().into_iter().map(|s| (s, index.inputs(s)))) {
+                    // Each part holds the service's own frontends only.
+                    prop_assert!(part.frontends.iter().all(|(_, fe)| &fe.service == service));
+                }
+            }
+        }
+    }
+}
+
+/// Not a check but a measurement: the resident memory of the node's inputs and lb table at
+/// 10,000 services x 5 clusters x 10 endpoints (the shapes of `benches/node_event.rs`).
+/// `cargo test -p dataplane-agent --lib -- --ignored --nocapture memory_of_the_inputs`
+#[test]
+#[ignore = "a measurement"]
+fn memory_of_the_inputs_at_10k_services() {
+    use std::sync::Arc;
+
+    use crate::lb::inputs::{Change, InputIndex};
+
+    fn rss_mib() -> f64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+        let pages: f64 = statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0.0);
+        pages * 4096.0 / (1024.0 * 1024.0)
+    }
+    let start = rss_mib();
+    let mut imports = Vec::new();
+    let mut slices = Vec::new();
+    for s in 0..10_000usize {
+        let mut si = import(
+            &format!("svc-{s}"),
+            &[&format!("241.0.{}.{}", s >> 8, s & 255)],
+            &[IPv4],
+            &[("http", "TCP", 80), ("metrics", "TCP", 9090)],
+        );
+        si.metadata.resource_version = Some(s.to_string());
+        imports.push(Arc::new(si));
+        for c in 0..5usize {
+            let eps = (0..10usize)
+                .map(|e| {
+                    let i = s * 10 + e;
+                    ep(
+                        &format!(
+                            "{}.{}.{}.{}",
+                            10 + c,
+                            (i >> 16) & 255,
+                            (i >> 8) & 255,
+                            i & 255
+                        ),
+                        READY,
+                    )
+                })
+                .collect();
+            let mut sl = slice(
+                &format!("svc-{s}-cluster-{c}-ipv4"),
+                &format!("svc-{s}"),
+                &format!("cluster-{c}"),
+                "IPv4",
+                &[("http", "TCP", 8080), ("metrics", "TCP", 9090)],
+                eps,
+            );
+            sl.metadata.resource_version = Some((100_000 + s * 5 + c).to_string());
+            slices.push(Arc::new(sl));
+        }
+    }
+    let objects = rss_mib();
+    let copy: (Vec<ServiceImport>, Vec<EndpointSlice>) = (
+        imports.iter().map(|o| (**o).clone()).collect(),
+        slices.iter().map(|o| (**o).clone()).collect(),
+    );
+    let copied = rss_mib();
+    let mut index = InputIndex::default();
+    let mut dirty = std::collections::BTreeSet::new();
+    index.apply(
+        Change::Snapshot {
+            imports: imports.clone(),
+            slices: slices.clone(),
+        },
+        &mut dirty,
+    );
+    drop(imports);
+    drop(slices);
+    let indexed = rss_mib();
+    let mut lb = LbState::default();
+    lb.update(&dirty, |s| index.inputs(s));
+    let table = rss_mib();
+    println!(
+        "objects (10k imports, 50k slices): {:.0} MiB; a deep copy of them: {:.0} MiB; \
+         index over them: {:.0} MiB; LbState (table and per-service state): {:.0} MiB",
+        objects - start,
+        copied - objects,
+        indexed - copied,
+        table - indexed
+    );
+    assert_eq!(lb.table().frontends.len(), 20_000);
+    drop(copy);
+}

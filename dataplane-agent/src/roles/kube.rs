@@ -5,6 +5,10 @@
 //! - the controller role, only while this pod holds the `coordination.k8s.io` Lease
 //!   ([`crate::roles::controller::run_elected`], kube-lease-manager);
 //! - the telemetry server (`/metrics`, `/healthz`, `/readyz`).
+//!
+//! `--roles node|controller|all` (default `all`) runs only one of the two roles: a node-only
+//! agent needs just the local API server (it reads no member kubeconfig but the local one's)
+//! and no lease; a controller-only agent touches no kernel state.
 
 use std::{
     net::SocketAddr,
@@ -19,12 +23,12 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 use kube_lease_manager::{LeaseManagerBuilder, LeaseParams};
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tracing::{error, info, warn};
 
 use super::{
     controller::{self, ControllerSettings},
-    node::{self, Node, NodeInputs},
+    node::{self, Node},
 };
 use crate::{
     bpf::loader::LoaderConfig,
@@ -74,9 +78,33 @@ pub enum KubeModeError {
     Node(#[from] node::NodeError),
 }
 
+/// Which roles a Kubernetes-mode agent runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Roles {
+    /// The node role only: route the local cluster's imports; no lease, no member clusters.
+    Node,
+    /// The lease-elected controller only: merge the members and write the imports; no eBPF.
+    Controller,
+    /// Both (the DaemonSet default).
+    #[default]
+    All,
+}
+
+impl Roles {
+    pub fn node(self) -> bool {
+        matches!(self, Roles::Node | Roles::All)
+    }
+
+    pub fn controller(self) -> bool {
+        matches!(self, Roles::Controller | Roles::All)
+    }
+}
+
 /// The settings that come from the command line and the pod, not from the config file.
 #[derive(Clone, Debug)]
 pub struct KubeModeOptions {
+    /// The roles to run.
+    pub roles: Roles,
     /// This pod's name: the lease holder identity and the Events' reporting instance.
     pub identity: String,
     /// The namespace of the Lease (the agent's own namespace).
@@ -136,10 +164,12 @@ pub async fn cluster_id_from_property(client: Client) -> Result<ClusterId, KubeM
     Ok(ClusterId::new(value)?)
 }
 
-/// The local cluster id and a client for every member (the local one included).
+/// The local cluster id and a client for every member (the local one included), or for the
+/// local member only when `only_local`.
 pub async fn connect(
     config: &AgentConfig,
     config_dir: &Path,
+    only_local: bool,
 ) -> Result<(ClusterId, Vec<(ClusterId, Client)>), KubeModeError> {
     let local = match &config.local_cluster {
         Some(id) => id.clone(),
@@ -171,6 +201,9 @@ pub async fn connect(
     config.check_local(&local).map_err(KubeModeError::Config)?;
     let mut clients = Vec::new();
     for member in &config.members {
+        if only_local && member.id != local {
+            continue;
+        }
         clients.push((member.id.clone(), member_client(member, config_dir).await?));
     }
     Ok((local, clients))
@@ -243,19 +276,21 @@ pub async fn elect_and_control(
     }
 }
 
-/// Runs Kubernetes mode until SIGTERM/SIGINT: node role, elected controller, telemetry.
+/// Runs Kubernetes mode until SIGTERM/SIGINT: the node role and/or the elected controller
+/// (`options.roles`), and telemetry.
 pub async fn run(
     config: AgentConfig,
     config_path: &Path,
     options: KubeModeOptions,
     loader: LoaderConfig,
 ) -> Result<(), KubeModeError> {
+    let roles = options.roles;
     let config_dir = config_path
         .parent()
         .map(Path::to_owned)
         .unwrap_or_else(|| PathBuf::from("."));
-    let (local, members) = connect(&config, &config_dir).await?;
-    info!(local = %local, members = members.len(), identity = %options.identity, "kubernetes mode");
+    let (local, members) = connect(&config, &config_dir, !roles.controller()).await?;
+    info!(local = %local, members = members.len(), identity = %options.identity, ?roles, "kubernetes mode");
     let metrics = Arc::new(Metrics::new(Some(loader.pin_dir.clone())));
     let health = Arc::new(Health::default());
     let (listener, addr) = server::bind(options.telemetry_address)
@@ -267,50 +302,67 @@ pub async fn run(
     info!(%addr, "serving /metrics, /healthz and /readyz");
     let telemetry = tokio::spawn(server::serve(listener, metrics.clone(), health.clone()));
 
-    let node = Node::start(&loader)?;
+    let node = if roles.node() {
+        Some(Node::start(&loader)?)
+    } else {
+        None
+    };
     let local_client = members
         .iter()
         .find(|(id, _)| id == &local)
         .map(|(_, c)| c.clone())
         .ok_or_else(|| KubeModeError::Config(format!("{local} is not a member")))?;
-    let (tx, rx) = watch::channel(None::<Arc<NodeInputs>>);
-    let source = tokio::spawn(watch_node_inputs(
-        local.clone(),
-        local_client,
-        metrics.clone(),
-        tx,
-    ));
 
-    let settings = Arc::new(ControllerSettings {
-        local,
-        clusterset: config.clusterset.clone(),
-        unreachable_grace: config.unreachable_grace,
-        probe_interval: config.probe_interval,
-        identity: options.identity.clone(),
-    });
     let stop_controller = Arc::new(Notify::new());
-    let control = tokio::spawn(elect_and_control(
-        settings,
-        members,
-        metrics.clone(),
-        config.leader_election.clone(),
-        options.lease_namespace.clone(),
-        stop_controller.clone(),
-    ));
+    let control = roles.controller().then(|| {
+        let settings = Arc::new(ControllerSettings {
+            local: local.clone(),
+            clusterset: config.clusterset.clone(),
+            unreachable_grace: config.unreachable_grace,
+            probe_interval: config.probe_interval,
+            identity: options.identity.clone(),
+        });
+        tokio::spawn(elect_and_control(
+            settings,
+            members,
+            metrics.clone(),
+            config.leader_election.clone(),
+            options.lease_namespace.clone(),
+            stop_controller.clone(),
+        ))
+    });
 
-    let (m, h) = (metrics.clone(), health.clone());
-    node::run_with(node, rx, node::shutdown_signal(), move |report, elapsed| {
-        m.observe_map_sync(elapsed, report.failed.len());
-        h.set_ready();
-    })
-    .await;
-    if source.is_finished() {
-        error!("the ServiceImport/EndpointSlice source stopped");
+    match node {
+        Some(node) => {
+            let (tx, rx) = node::channel();
+            let source = tokio::spawn(watch_node_inputs(
+                local.clone(),
+                local_client,
+                metrics.clone(),
+                tx,
+            ));
+            let (m, h) = (metrics.clone(), health.clone());
+            node::run_with(node, rx, node::shutdown_signal(), move |report, elapsed| {
+                m.observe_map_sync(elapsed, report.failed.len());
+                h.set_ready();
+            })
+            .await;
+            if source.is_finished() {
+                error!("the ServiceImport/EndpointSlice source stopped");
+            }
+            source.abort();
+        }
+        None => {
+            // Nothing to wait for before serving: the controller retries on its own.
+            health.set_ready();
+            node::shutdown_signal().await;
+        }
     }
-    // SIGTERM: give the lease back so another pod takes over at once.
-    stop_controller.notify_one();
-    let _ = tokio::time::timeout(Duration::from_secs(6), control).await;
+    if let Some(control) = control {
+        // SIGTERM: give the lease back so another pod takes over at once.
+        stop_controller.notify_one();
+        let _ = tokio::time::timeout(Duration::from_secs(6), control).await;
+    }
     telemetry.abort();
-    source.abort();
     Ok(())
 }

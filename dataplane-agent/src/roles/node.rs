@@ -1,11 +1,19 @@
 //! The node role: keeps this node's maps in step with the local cluster's ServiceImports and
 //! imported EndpointSlices, wherever they come from (a directory, an API server, the
-//! standalone merge). Sources publish complete snapshots on a `watch` channel; `None` means
-//! "the initial lists are not complete yet", and nothing is pruned before the first snapshot.
+//! standalone merge).
+//!
+//! Sources send [`Change`]s on a channel: an API server's watch events one object at a time,
+//! a directory or a merge as whole snapshots. The node files them in its [`InputIndex`] (the
+//! one store of its inputs, shared `Arc`s), rebuilds the lb table of the services they touched
+//! ([`LbState::update`]) and writes only those services to the maps
+//! ([`MapSync::sync_services`]), so an event costs the size of the service it changes, not of
+//! the table. Nothing is written before the index has complete lists of both kinds (nothing is
+//! pruned after a restart until the initial lists are in); the first sync is a full one, which
+//! prunes whatever the adopted maps hold that the inputs no longer have.
 
-use std::{path::Path, sync::Arc, time::Instant};
+use std::{collections::BTreeSet, path::Path, sync::Arc, time::Instant};
 
-use tokio::sync::watch;
+use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use crate::{
@@ -13,18 +21,41 @@ use crate::{
         kernel::KernelMaps,
         loader::{self, Attachment, Dataplane, LoadError, LoaderConfig},
         maps::MapWriter as _,
-        sync::{MapSync, SyncReport},
+        sync::{MapSync, SyncError, SyncReport},
     },
-    lb,
-    model::{EndpointSlice, LABEL_SERVICE_NAME, ServiceImport},
+    lb::{
+        LbState,
+        inputs::{Change, InputIndex},
+    },
+    model::{EndpointSlice, LABEL_SERVICE_NAME, NamespacedName, ServiceImport},
     source::manifests::{self, Manifest, ManifestError},
 };
 
-/// What the node role routes from.
+/// What the node role routes from, as read from a directory.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeInputs {
     pub imports: Vec<ServiceImport>,
     pub slices: Vec<EndpointSlice>,
+}
+
+impl NodeInputs {
+    /// The whole inputs as one change.
+    pub fn into_change(self) -> Change {
+        Change::Snapshot {
+            imports: self.imports.into_iter().map(Arc::new).collect(),
+            slices: self.slices.into_iter().map(Arc::new).collect(),
+        }
+    }
+}
+
+/// Where sources send the node's input changes.
+pub type ChangeSender = mpsc::UnboundedSender<Change>;
+/// Where the node reads them.
+pub type ChangeReceiver = mpsc::UnboundedReceiver<Change>;
+
+/// A channel from a source to the node role.
+pub fn channel() -> (ChangeSender, ChangeReceiver) {
+    mpsc::unbounded_channel()
 }
 
 /// Reads ServiceImports and imported EndpointSlices (label
@@ -83,6 +114,12 @@ pub enum NodeError {
 pub struct Node {
     maps: KernelMaps,
     sync: MapSync,
+    inputs: InputIndex,
+    lb: LbState,
+    /// Whether the first (full) sync has run.
+    synced: bool,
+    /// Services whose last write was refused (a full map): tried again with the next change.
+    retry: BTreeSet<NamespacedName>,
     pub attachment: Attachment,
     pub program_ids: Vec<(&'static str, u32)>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
@@ -114,6 +151,10 @@ impl Node {
         Ok(Node {
             maps,
             sync,
+            inputs: InputIndex::default(),
+            lb: LbState::default(),
+            synced: false,
+            retry: BTreeSet::new(),
             attachment,
             program_ids,
             logger,
@@ -125,16 +166,64 @@ impl Node {
         self.logger.take()
     }
 
-    /// Builds the lb table from `inputs` and writes the difference into the maps.
-    pub fn apply(&mut self, inputs: &NodeInputs) -> SyncReport {
+    /// Files `changes` and, once the initial lists are complete, writes what they changed into
+    /// the maps: everything the first time, then the services they touched. `None` when
+    /// nothing was synced (still waiting for the initial lists, or nothing changed).
+    pub fn apply(&mut self, changes: impl IntoIterator<Item = Change>) -> Option<SyncReport> {
         let started = Instant::now();
-        let table = lb::build(&inputs.imports, &inputs.slices);
-        for w in &table.warnings {
-            warn!(object = %w.object, "{}", w.message);
+        let mut dirty = BTreeSet::new();
+        for change in changes {
+            self.inputs.apply(change, &mut dirty);
         }
-        let report = self.sync.sync(&table, &mut self.maps);
+        if !self.inputs.is_ready() {
+            return None;
+        }
+        let report = if self.synced {
+            dirty.extend(std::mem::take(&mut self.retry));
+            if dirty.is_empty() {
+                return None;
+            }
+            let rebuilt = self.lb.update(&dirty, |s| self.inputs.inputs(s));
+            let table = self.lb.table();
+            for service in &rebuilt {
+                for w in self.lb.warnings_of(service) {
+                    warn!(object = %w.object, "{}", w.message);
+                }
+            }
+            let report = self.sync.sync_services(table, &rebuilt, &mut self.maps);
+            info!(
+                services = rebuilt.len(),
+                changed = report.changed.len(),
+                failed = report.failed.len(),
+                writes = report.writes,
+                elapsed_us = started.elapsed().as_micros() as u64,
+                "maps synced"
+            );
+            report
+        } else {
+            let inputs = &self.inputs;
+            self.lb = LbState::default();
+            self.lb.update(inputs.services(), |s| inputs.inputs(s));
+            let table = self.lb.table();
+            for w in &table.warnings {
+                warn!(object = %w.object, "{}", w.message);
+            }
+            let report = self.sync.sync(table, &mut self.maps);
+            self.synced = true;
+            info!(
+                services = table.services().len(),
+                frontends = table.frontends.len(),
+                changed = report.changed.len(),
+                failed = report.failed.len(),
+                writes = report.writes,
+                elapsed_us = started.elapsed().as_micros() as u64,
+                "maps synced (full)"
+            );
+            report
+        };
         for failure in &report.failed {
             error!("{failure}");
+            self.retry.insert(failed_service(failure).clone());
         }
         for e in &report.delete_errors {
             warn!(error = %e, "a map delete failed; the entry is unreachable and will be retried");
@@ -142,20 +231,19 @@ impl Node {
         for service in &report.changed {
             debug!(service = %service, "service written to the maps");
         }
-        info!(
-            services = table.services().len(),
-            frontends = table.frontends.len(),
-            changed = report.changed.len(),
-            failed = report.failed.len(),
-            writes = report.writes,
-            elapsed_us = started.elapsed().as_micros() as u64,
-            "maps synced"
-        );
-        report
+        Some(report)
     }
 
     pub fn mirror(&self) -> &MapSync {
         &self.sync
+    }
+}
+
+fn failed_service(e: &SyncError) -> &NamespacedName {
+    match e {
+        SyncError::MapFull { service, .. }
+        | SyncError::TooManyBackends { service, .. }
+        | SyncError::Write { service, .. } => service,
     }
 }
 
@@ -183,21 +271,21 @@ pub async fn pump_bpf_logs(logger: aya_log::EbpfLogger<&'static dyn log::Log>) {
     }
 }
 
-/// Runs the node role until `shutdown` resolves, re-syncing on every new snapshot. The
+/// Runs the node role until `shutdown` resolves, syncing after every batch of changes. The
 /// dataplane stays in place afterwards.
 pub async fn run(
     node: Node,
-    inputs: watch::Receiver<Option<Arc<NodeInputs>>>,
+    changes: ChangeReceiver,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    run_with(node, inputs, shutdown, |_, _| {}).await
+    run_with(node, changes, shutdown, |_, _| {}).await
 }
 
 /// [`run`], calling `on_sync` with the report and duration of every sync (for metrics and the
 /// readiness probe).
 pub async fn run_with(
     mut node: Node,
-    mut inputs: watch::Receiver<Option<Arc<NodeInputs>>>,
+    mut changes: ChangeReceiver,
     shutdown: impl std::future::Future<Output = ()>,
     mut on_sync: impl FnMut(&SyncReport, std::time::Duration),
 ) {
@@ -205,21 +293,23 @@ pub async fn run_with(
         tokio::spawn(pump_bpf_logs(logger));
     }
     tokio::pin!(shutdown);
+    info!("waiting for the initial ServiceImports and EndpointSlices before syncing");
+    let mut batch = Vec::new();
     loop {
-        let snapshot = inputs.borrow_and_update().clone();
-        if let Some(snapshot) = snapshot {
-            let started = Instant::now();
-            let report = node.apply(&snapshot);
-            on_sync(&report, started.elapsed());
-        } else {
-            info!("waiting for the initial ServiceImports and EndpointSlices before syncing");
-        }
         tokio::select! {
-            changed = inputs.changed() => {
-                if changed.is_err() {
+            received = changes.recv_many(&mut batch, 4096) => {
+                if received == 0 {
                     warn!("the input source stopped; keeping the dataplane as it is");
                     shutdown.as_mut().await;
                     return;
+                }
+                // Everything queued is filed before the sync: a burst costs one sync.
+                while let Ok(change) = changes.try_recv() {
+                    batch.push(change);
+                }
+                let started = Instant::now();
+                if let Some(report) = node.apply(batch.drain(..)) {
+                    on_sync(&report, started.elapsed());
                 }
             }
             () = &mut shutdown => {
@@ -248,8 +338,9 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Publishes the contents of `dir` on `tx`, now and after every change.
-pub async fn watch_node_dir(dir: std::path::PathBuf, tx: watch::Sender<Option<Arc<NodeInputs>>>) {
+/// Sends the contents of `dir` on `tx`, now and after every change, as a snapshot (the node
+/// finds what differs). Stops when the node is gone.
+pub async fn watch_node_dir(dir: std::path::PathBuf, tx: ChangeSender) {
     let mut watcher = match crate::source::watch::DirWatcher::new(&dir) {
         Ok(w) => Some(w),
         Err(e) => {
@@ -263,13 +354,9 @@ pub async fn watch_node_dir(dir: std::path::PathBuf, tx: watch::Sender<Option<Ar
                 for e in &errors {
                     warn!("{e}");
                 }
-                tx.send_if_modified(|current| {
-                    let changed = current.as_deref() != Some(&inputs);
-                    if changed {
-                        *current = Some(Arc::new(inputs));
-                    }
-                    changed
-                });
+                if tx.send(inputs.into_change()).is_err() {
+                    return;
+                }
             }
             // Keep the last good snapshot: an unreadable directory must not empty the maps.
             Err(e) => error!(dir = %dir.display(), error = %e, "cannot read the directory"),

@@ -3,15 +3,11 @@
 //! cluster's ServiceImports and EndpointSlices to the node role in-process, writes the imports
 //! and export conditions to a report file, and does it again whenever DIR changes.
 
-use std::{
-    path::{Path, PathBuf},
-    sync::Arc,
-};
+use std::path::{Path, PathBuf};
 
-use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use super::node::NodeInputs;
+use super::node::{ChangeSender, NodeInputs};
 use crate::{
     merge::conditions::{ConditionStatus, ConditionType},
     model::{ClusterId, ServiceImport},
@@ -68,12 +64,13 @@ pub fn merge_once(
     Ok(plan)
 }
 
-/// Re-merges on every change of `dir` and publishes the result to the node role on `tx`.
+/// Re-merges on every change of `dir` and sends the result to the node role on `tx`, as a
+/// snapshot (the node finds the services that differ). Stops when the node is gone.
 pub async fn watch_clusterset(
     dir: PathBuf,
     cluster: Option<ClusterId>,
     report: Option<PathBuf>,
-    tx: watch::Sender<Option<Arc<NodeInputs>>>,
+    tx: ChangeSender,
 ) {
     let mut watcher = match DirWatcher::new(&dir) {
         Ok(w) => Some(w),
@@ -96,13 +93,9 @@ pub async fn watch_clusterset(
                     slices: plan.merge.endpoint_slices,
                 };
                 previous = Some(plan.merge.service_imports);
-                tx.send_if_modified(|current| {
-                    let changed = current.as_deref() != Some(&inputs);
-                    if changed {
-                        *current = Some(Arc::new(inputs));
-                    }
-                    changed
-                });
+                if tx.send(inputs.into_change()).is_err() {
+                    return;
+                }
             }
             // Keep routing the last good merge: a broken clusterset.yaml must not empty the maps.
             Err(e) => {

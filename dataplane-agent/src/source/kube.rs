@@ -11,7 +11,7 @@
 //! - [`LocalWrites`]: the objects the controller writes in the local cluster (ServiceImports
 //!   and EndpointSlices with our managed-by label), to compare desired with observed.
 //! - [`watch_node_inputs`]: the node role's ServiceImports and imported EndpointSlices (label
-//!   `multicluster.kubernetes.io/service-name`) → [`NodeInputs`].
+//!   `multicluster.kubernetes.io/service-name`) → [`Change`]s, event by event (no store).
 
 use std::{
     fmt::Debug,
@@ -28,20 +28,17 @@ use kube::{
     runtime::{WatchStreamExt as _, reflector, watcher},
 };
 use serde::de::DeserializeOwned;
-use tokio::{
-    sync::{Notify, watch},
-    task::JoinHandle,
-    time::Instant,
-};
+use tokio::{sync::Notify, task::JoinHandle, time::Instant};
 use tracing::{debug, info, warn};
 
 use crate::{
+    lb::inputs::{Change, strip_import, strip_slice},
     merge::ClusterSnapshot,
     model::{
         ClusterId, EndpointSlice, LABEL_APP_MANAGED_BY, LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY,
         LABEL_SERVICE_NAME, MANAGED_BY, Service, ServiceExport, ServiceImport,
     },
-    roles::node::NodeInputs,
+    roles::node::ChangeSender,
     telemetry::metrics::Metrics,
 };
 
@@ -352,51 +349,115 @@ impl LocalWrites {
     }
 }
 
-/// The node role's source: publishes the local cluster's ServiceImports and imported
-/// EndpointSlices on `tx` whenever they change, but only once both initial lists are complete
-/// (before that `tx` keeps `None`, so nothing is pruned from the maps after a restart). An API
-/// server that goes away leaves the last snapshot in place. Runs until `tx` has no receivers.
+/// The node role's source: sends every change of the local cluster's ServiceImports and
+/// imported EndpointSlices (label `multicluster.kubernetes.io/service-name`) to the node on
+/// `tx`, one watch event at a time, until the node is gone.
+///
+/// There is no reflector store here: the node's [`InputIndex`](crate::lb::inputs::InputIndex)
+/// is the store (one copy of each object, shared by `Arc`, filed by service), and each event
+/// names the object that changed, so the node updates the one service it belongs to. Objects
+/// are stripped to what the lb table reads before they are kept ([`strip_import`],
+/// [`strip_slice`]). A watch's first list and every re-list (after 410 Gone) are collected
+/// until `InitDone` and sent as one complete list, which prunes what was deleted meanwhile;
+/// the node writes nothing before it has both first lists, so nothing is pruned after a
+/// restart before they are complete. An API server that goes away leaves the last state in
+/// place (the watcher backs off and resumes).
 pub async fn watch_node_inputs(
     cluster: ClusterId,
     client: Client,
     metrics: Arc<Metrics>,
-    tx: watch::Sender<Option<Arc<NodeInputs>>>,
+    tx: ChangeSender,
 ) {
-    let changed = Arc::new(Notify::new());
-    let (imports, _t1) = reflect::<ServiceImport>(
+    let imports = forward::<ServiceImport>(
         Api::all(client.clone()),
         watcher::Config::default(),
         &cluster,
         "serviceimports/node",
         metrics.clone(),
-        changed.clone(),
+        tx.clone(),
+        strip_import,
+        Kind {
+            list: Change::Imports,
+            apply: Change::Import,
+            delete: Change::ImportDeleted,
+        },
     );
-    let (slices, _t2) = reflect::<EndpointSlice>(
+    let slices = forward::<EndpointSlice>(
         Api::all(client),
         watcher::Config::default().labels(LABEL_SERVICE_NAME),
         &cluster,
         "endpointslices/node",
         metrics,
-        changed.clone(),
+        tx,
+        strip_slice,
+        Kind {
+            list: Change::Slices,
+            apply: Change::Slice,
+            delete: Change::SliceDeleted,
+        },
     );
+    futures::join!(imports, slices);
+}
+
+/// How the events of one kind become [`Change`]s.
+struct Kind<K> {
+    list: fn(Vec<Arc<K>>) -> Change,
+    apply: fn(Arc<K>) -> Change,
+    delete: fn(Arc<K>) -> Change,
+}
+
+/// Watches one kind and sends its events as changes until `tx` is closed. Errors are counted
+/// as `mcs_watch_restarts_total{cluster, resource}` and logged; the watcher backs off and
+/// resumes (or re-lists).
+#[allow(clippy::too_many_arguments)]
+async fn forward<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    cluster: &ClusterId,
+    resource: &'static str,
+    metrics: Arc<Metrics>,
+    tx: ChangeSender,
+    strip: fn(&mut K),
+    kind: Kind<K>,
+) where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    let cluster = cluster.to_string();
+    let stream = watcher(api, config).modify(strip).default_backoff();
+    futures::pin_mut!(stream);
+    // The objects of a list in progress (between Init and InitDone).
+    let mut listing: Vec<Arc<K>> = Vec::new();
     loop {
-        tokio::select! {
-            () = changed.notified() => {}
+        let event = tokio::select! {
+            event = stream.next() => event,
             () = tx.closed() => return,
-        }
-        if !(imports.is_ready() && slices.is_ready()) {
-            continue;
-        }
-        let inputs = NodeInputs {
-            imports: owned(imports.objects()),
-            slices: owned(slices.objects()),
         };
-        tx.send_if_modified(|current| {
-            let changed = current.as_deref() != Some(&inputs);
-            if changed {
-                *current = Some(Arc::new(inputs));
+        let Some(event) = event else { return };
+        let change = match event {
+            Ok(watcher::Event::Init) => {
+                listing.clear();
+                None
             }
-            changed
-        });
+            Ok(watcher::Event::InitApply(o)) => {
+                listing.push(Arc::new(o));
+                None
+            }
+            Ok(watcher::Event::InitDone) => {
+                debug!(cluster = %cluster, resource, objects = listing.len(), "list complete");
+                Some((kind.list)(std::mem::take(&mut listing)))
+            }
+            Ok(watcher::Event::Apply(o)) => Some((kind.apply)(Arc::new(o))),
+            Ok(watcher::Event::Delete(o)) => Some((kind.delete)(Arc::new(o))),
+            Err(e) => {
+                metrics.watch_restart(&cluster, resource);
+                warn!(cluster = %cluster, resource, error = %e, "watch failed; backing off and resuming");
+                None
+            }
+        };
+        if let Some(change) = change
+            && tx.send(change).is_err()
+        {
+            return;
+        }
     }
 }

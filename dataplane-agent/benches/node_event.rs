@@ -1,0 +1,217 @@
+//! The node role's work for one imported EndpointSlice change while 10,000 services are
+//! installed (10,000 ServiceImports with two ports, 5 clusters x 1 imported slice x 10
+//! endpoints each: 50,000 slices, 500,000 endpoints), from the changed object arriving to the
+//! map writes (in-memory maps, `MemMaps`). Goal (issue 5): p99 well under 5 ms.
+//!
+//! - `before_*`: what the node did per event until the incremental node role: copy both
+//!   stores into a sorted snapshot (`Store::state()`, sort, deep clone), compare it with the
+//!   last one, build the whole lb table and sync every service against the mirror.
+//! - `after_*`: the incremental node role: the event is filed in the input index, the lb table
+//!   of the one service it touches is rebuilt and spliced in, and only that service is synced
+//!   (`Node::apply` does exactly these three calls).
+//!
+//! The change: one endpoint of one cluster's slice of one service is another pod (a new IP),
+//! and back, so every iteration is one change of both frontends of that service.
+//!
+//! `AYA_BUILD_SKIP=1 cargo bench -p dataplane-agent --bench node_event`
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use dataplane_agent::{
+    bpf::{
+        maps::{Capacities, MemMaps},
+        sync::MapSync,
+    },
+    lb::{
+        self, LbState,
+        inputs::{Change, InputIndex},
+    },
+    model::{
+        EndpointSlice, IpFamily, LABEL_MANAGED_BY, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER,
+        MANAGED_BY, ObjectMeta, ServiceImport, ServiceImportType, ServicePort,
+    },
+};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
+use kube::ResourceExt as _;
+
+/// The agent binary's allocator (see `src/main.rs`), so the bench measures what runs.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const SERVICES: usize = 10_000;
+const CLUSTERS: usize = 5;
+const ENDPOINTS: usize = 10;
+
+/// A unique pod IP per cluster and endpoint index.
+fn addr(c: usize, i: usize) -> String {
+    format!(
+        "{}.{}.{}.{}",
+        10 + c,
+        (i >> 16) & 255,
+        (i >> 8) & 255,
+        i & 255
+    )
+}
+
+fn import(s: usize) -> ServiceImport {
+    let mut si = ServiceImport::default();
+    si.metadata.name = Some(format!("svc-{s}"));
+    si.metadata.namespace = Some("bench".into());
+    si.metadata.resource_version = Some(s.to_string());
+    si.spec.type_ = ServiceImportType::ClusterSetIP;
+    si.spec.ips = vec![format!("241.0.{}.{}", s >> 8, s & 255)];
+    si.spec.ip_families = vec![IpFamily::IPv4];
+    si.spec.ports = [("http", 80), ("metrics", 9090)]
+        .into_iter()
+        .map(|(name, port)| ServicePort {
+            name: Some(name.into()),
+            protocol: Some("TCP".into()),
+            app_protocol: None,
+            port,
+        })
+        .collect();
+    si
+}
+
+/// Service `s`'s slice from cluster `c`; with `moved`, its first endpoint is another pod.
+fn slice(s: usize, c: usize, moved: bool) -> EndpointSlice {
+    EndpointSlice {
+        metadata: ObjectMeta {
+            name: Some(format!("svc-{s}-cluster-{c}-ipv4")),
+            namespace: Some("bench".into()),
+            resource_version: Some(format!(
+                "{}",
+                100_000 + s * CLUSTERS + c + usize::from(moved)
+            )),
+            labels: Some(BTreeMap::from([
+                (LABEL_SERVICE_NAME.to_owned(), format!("svc-{s}")),
+                (LABEL_SOURCE_CLUSTER.to_owned(), format!("cluster-{c}")),
+                (LABEL_MANAGED_BY.to_owned(), MANAGED_BY.to_owned()),
+            ])),
+            ..Default::default()
+        },
+        address_type: "IPv4".into(),
+        ports: Some(
+            [("http", 8080), ("metrics", 9090)]
+                .into_iter()
+                .map(|(name, port)| EndpointPort {
+                    name: Some(name.into()),
+                    protocol: Some("TCP".into()),
+                    port: Some(port),
+                    app_protocol: None,
+                })
+                .collect(),
+        ),
+        endpoints: (0..ENDPOINTS)
+            .map(|e| Endpoint {
+                addresses: vec![if moved && e == 0 {
+                    addr(c, SERVICES * ENDPOINTS + 1)
+                } else {
+                    addr(c, s * ENDPOINTS + e)
+                }],
+                conditions: Some(EndpointConditions {
+                    ready: Some(true),
+                    serving: Some(true),
+                    terminating: Some(false),
+                }),
+                ..Default::default()
+            })
+            .collect(),
+    }
+}
+
+/// Room for a million backends and slots (the kernel defaults are smaller).
+const CAPS: Capacities = Capacities {
+    frontends: 65_536,
+    backends: 2_000_000,
+    slots: 2_000_000,
+    clusters: 1024,
+};
+
+/// The old source's snapshot: the store's objects, sorted by namespace and name, cloned.
+fn owned_sorted<K: kube::Resource + Clone>(state: &[Arc<K>]) -> Vec<K> {
+    let mut all = state.to_vec();
+    all.sort_by_key(|o| (o.namespace(), o.name_any()));
+    all.into_iter().map(|o| (*o).clone()).collect()
+}
+
+fn bench(c: &mut Criterion) {
+    let imports: Vec<Arc<ServiceImport>> = (0..SERVICES).map(|s| Arc::new(import(s))).collect();
+    let slices: Vec<Arc<EndpointSlice>> = (0..SERVICES)
+        .flat_map(|s| (0..CLUSTERS).map(move |c| Arc::new(slice(s, c, false))))
+        .collect();
+    // The changed slice, both ways; it sits at index 0 of `slices`.
+    let versions = [Arc::new(slice(0, 0, false)), Arc::new(slice(0, 0, true))];
+
+    let mut group = c.benchmark_group("node_event");
+    group.sample_size(10);
+
+    // Before: snapshot, compare, full build, full sync.
+    {
+        let mut sync = MapSync::new(CAPS);
+        let mut maps = MemMaps::new(CAPS);
+        let mut store_slices = slices.clone();
+        let mut last = (owned_sorted(&imports), owned_sorted(&store_slices));
+        let first = sync.sync(&lb::build(&last.0, &last.1), &mut maps);
+        assert!(first.failed.is_empty(), "{:?}", first.failed);
+        let mut flip = 0;
+        group.bench_function("before_one_slice_change_10k_services", |b| {
+            b.iter(|| {
+                flip = 1 - flip;
+                store_slices[0] = versions[flip].clone();
+                let snapshot = (owned_sorted(&imports), owned_sorted(&store_slices));
+                assert!(snapshot != last);
+                let table = lb::build(&snapshot.0, &snapshot.1);
+                let report = sync.sync(&table, &mut maps);
+                assert_eq!(report.changed.len(), 1);
+                // The old snapshot is dropped when the new one replaces it.
+                last = snapshot;
+                report
+            })
+        });
+    }
+
+    // After: file the event, rebuild and splice one service, sync it.
+    group.sample_size(100);
+    {
+        let mut sync = MapSync::new(CAPS);
+        let mut maps = MemMaps::new(CAPS);
+        let mut index = InputIndex::default();
+        let mut lb = LbState::default();
+        let mut dirty = BTreeSet::new();
+        index.apply(
+            Change::Snapshot {
+                imports: imports.clone(),
+                slices: slices.clone(),
+            },
+            &mut dirty,
+        );
+        lb.update(&dirty, |s| index.inputs(s));
+        assert_eq!(
+            lb.table(),
+            &lb::build(&owned_sorted(&imports), &owned_sorted(&slices))
+        );
+        let first = sync.sync(lb.table(), &mut maps);
+        assert!(first.failed.is_empty(), "{:?}", first.failed);
+        let mut flip = 0;
+        group.bench_function("after_one_slice_change_10k_services", |b| {
+            b.iter(|| {
+                flip = 1 - flip;
+                let mut dirty = BTreeSet::new();
+                index.apply(Change::Slice(versions[flip].clone()), &mut dirty);
+                let rebuilt = lb.update(&dirty, |s| index.inputs(s));
+                let report = sync.sync_services(lb.table(), &rebuilt, &mut maps);
+                assert_eq!(report.changed.len(), 1);
+                report
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

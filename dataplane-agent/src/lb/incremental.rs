@@ -1,0 +1,257 @@
+//! The lb table kept up to date service by service.
+//!
+//! [`build`](super::build) is a function of every import and slice, but almost all of it is
+//! local to one service (namespace, name): its imports, its slices (label
+//! `multicluster.kubernetes.io/service-name`), its frontends and its warnings. Services meet in
+//! one place only: imports are taken in sorted order and a ClusterSet IP goes to the first one
+//! that lists it. So the part of the table of a set R of services can be built alone
+//! ([`build_services`]) and spliced into the table, with the same result as a full build,
+//! whenever no service outside R lists an IP that a service in R lists (or listed before the
+//! change).
+//!
+//! [`LbState::update`] makes R so: it starts from the changed services, adds every service
+//! that lists an IP a changed service listed before (it may get that VIP now), and then, until
+//! nothing is added, every service that lists an IP a service in R lists. In the usual case
+//! every IP has one claimant and R is just the changed services, so an update costs the size
+//! of the change; a contested VIP pulls in exactly the services that contend for it (and what
+//! those contend for in turn), which are rebuilt together in sorted order, as the full build
+//! does. A full build is the same update with every service changed.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    sync::Arc,
+};
+
+use foldhash::HashMap;
+
+use super::{
+    Frontend, FrontendAddr, LbTable, LbWarning, Protocol, build_import, index_slices,
+    unique_imports,
+};
+use crate::{
+    merge::exports::parse_ip,
+    model::{EndpointSlice, NamespacedName, ServiceImport},
+};
+
+/// One service's inputs: the ServiceImports with its namespace/name (one, unless a directory
+/// defines it twice) and the imported EndpointSlices labelled with its name in its namespace.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ServiceInputs<'a> {
+    pub imports: &'a [Arc<ServiceImport>],
+    pub slices: &'a [Arc<EndpointSlice>],
+}
+
+/// The part of the table one service makes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServicePart {
+    /// The ClusterSet IPs it owns.
+    pub vips: Vec<IpAddr>,
+    /// Its frontends, all on those VIPs.
+    pub frontends: Vec<(FrontendAddr, Frontend)>,
+    /// The warnings about its imports and slices, sorted, without duplicates.
+    pub warnings: Vec<LbWarning>,
+}
+
+/// Builds the parts of `services` as [`build`](super::build) would if they were the only
+/// services: in sorted order, a VIP going to the first service that lists it. That is their
+/// part of the full table whenever no other service lists one of their IPs.
+pub fn build_services<'a, 'n>(
+    services: impl IntoIterator<Item = (&'n NamespacedName, ServiceInputs<'a>)>,
+) -> Vec<(&'n NamespacedName, ServicePart)> {
+    let mut services: Vec<_> = services.into_iter().collect();
+    services.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    services.dedup_by(|a, b| a.0 == b.0);
+    let mut claimed: BTreeMap<IpAddr, NamespacedName> = BTreeMap::new();
+    let mut out = Vec::with_capacity(services.len());
+    for (service, inputs) in services {
+        let mut part = ServicePart::default();
+        let by_service = index_slices(inputs.slices.iter().map(|s| &**s), &mut part.warnings);
+        let mut serving = Vec::new();
+        for (key, si) in unique_imports(inputs.imports.iter().map(|s| &**s), &mut part.warnings) {
+            let slices = by_service.get(&key).map(Vec::as_slice).unwrap_or(&[]);
+            let vips = build_import(
+                key,
+                si,
+                slices,
+                &mut claimed,
+                &mut part.warnings,
+                &mut serving,
+                |addr, fe| part.frontends.push((addr, fe)),
+            );
+            part.vips.extend(vips.into_iter().map(|(_, ip)| ip));
+        }
+        part.warnings.sort();
+        part.warnings.dedup();
+        out.push((service, part));
+    }
+    out
+}
+
+/// What the state remembers of one service.
+#[derive(Clone, Debug, Default)]
+struct ServiceState {
+    /// The VIPs it owns in the table.
+    vips: Vec<IpAddr>,
+    /// Every IP its imports list (sorted, unique), owned or not: the services that share one
+    /// are rebuilt together.
+    listed: Vec<IpAddr>,
+    warnings: Vec<LbWarning>,
+}
+
+/// Every IP the imports list, sorted, unique.
+fn listed_ips(imports: &[Arc<ServiceImport>]) -> Vec<IpAddr> {
+    let mut ips: Vec<IpAddr> = imports
+        .iter()
+        .flat_map(|si| si.spec.ips.iter())
+        .filter_map(|raw| parse_ip(raw))
+        .collect();
+    ips.sort_unstable();
+    ips.dedup();
+    ips
+}
+
+/// An lb table maintained by service: [`LbState::update`] rebuilds the services that changed
+/// (and those they contend with for a ClusterSet IP) and splices them in. The table is always
+/// the one [`build`](super::build) makes from the same inputs (property-tested in
+/// `lb/tests.rs`), except that slices without a service-name label have no service and so no
+/// warning here.
+#[derive(Clone, Debug, Default)]
+pub struct LbState {
+    table: LbTable,
+    services: HashMap<NamespacedName, ServiceState>,
+    /// IP → the services whose imports list it.
+    listing: HashMap<IpAddr, Vec<NamespacedName>>,
+}
+
+impl LbState {
+    /// The whole table.
+    pub fn table(&self) -> &LbTable {
+        &self.table
+    }
+
+    /// The warnings about one service's imports and slices.
+    pub fn warnings_of(&self, service: &NamespacedName) -> &[LbWarning] {
+        self.services
+            .get(service)
+            .map(|s| s.warnings.as_slice())
+            .unwrap_or(&[])
+    }
+
+    /// Brings the table up to date after the inputs of `changed` changed (were added, edited or
+    /// removed); `inputs` gives any service's current inputs (empty for a service that is
+    /// gone). Returns the services that were rebuilt: their entries in the table may differ
+    /// (the map sync needs to look at these and no others).
+    pub fn update<'a, 'n>(
+        &mut self,
+        changed: impl IntoIterator<Item = &'n NamespacedName>,
+        inputs: impl Fn(&NamespacedName) -> ServiceInputs<'a>,
+    ) -> BTreeSet<NamespacedName> {
+        let changed: BTreeSet<&NamespacedName> = changed.into_iter().collect();
+        let mut rebuild: BTreeSet<NamespacedName> = changed.iter().map(|s| (*s).clone()).collect();
+        let mut queue: Vec<NamespacedName> = rebuild.iter().cloned().collect();
+
+        // What the changed services list now; the IPs they stopped listing may go to others.
+        let mut released: Vec<IpAddr> = Vec::new();
+        for service in &changed {
+            let now = listed_ips(inputs(service).imports);
+            let state = self.services.entry((*service).clone()).or_default();
+            if state.listed == now {
+                continue;
+            }
+            let old = std::mem::replace(&mut state.listed, now);
+            for ip in &old {
+                if let Some(list) = self.listing.get_mut(ip) {
+                    list.retain(|s| s != *service);
+                    if list.is_empty() {
+                        self.listing.remove(ip);
+                    }
+                }
+            }
+            for ip in &state.listed {
+                self.listing
+                    .entry(*ip)
+                    .or_default()
+                    .push((*service).clone());
+            }
+            released.extend(old);
+        }
+        for ip in &released {
+            for other in self.listing.get(ip).into_iter().flatten() {
+                if rebuild.insert(other.clone()) {
+                    queue.push(other.clone());
+                }
+            }
+        }
+        // Everything that shares an IP with what is rebuilt is rebuilt too.
+        while let Some(service) = queue.pop() {
+            let Some(state) = self.services.get(&service) else {
+                continue;
+            };
+            for ip in &state.listed {
+                for other in self.listing.get(ip).into_iter().flatten() {
+                    if rebuild.insert(other.clone()) {
+                        queue.push(other.clone());
+                    }
+                }
+            }
+        }
+
+        let parts = build_services(rebuild.iter().map(|s| (s, inputs(s))));
+
+        // Splice: every old entry of the rebuilt services goes before any new one comes in (a
+        // VIP may move from one of them to another).
+        for service in &rebuild {
+            let Some(state) = self.services.get(service) else {
+                continue;
+            };
+            for ip in &state.vips {
+                self.table.vips.remove(ip);
+                let lo = FrontendAddr {
+                    ip: *ip,
+                    port: 0,
+                    protocol: Protocol::Tcp,
+                };
+                let hi = FrontendAddr {
+                    ip: *ip,
+                    port: u16::MAX,
+                    protocol: Protocol::Udp,
+                };
+                let gone: Vec<FrontendAddr> = self
+                    .table
+                    .frontends
+                    .range(lo..=hi)
+                    .map(|(a, _)| *a)
+                    .collect();
+                for addr in gone {
+                    self.table.frontends.remove(&addr);
+                }
+            }
+        }
+        let mut warnings_changed = false;
+        for (service, part) in parts {
+            for ip in &part.vips {
+                self.table.vips.insert(*ip, service.clone());
+            }
+            self.table.frontends.extend(part.frontends);
+            let state = self.services.entry(service.clone()).or_default();
+            warnings_changed |= state.warnings != part.warnings;
+            state.vips = part.vips;
+            state.warnings = part.warnings;
+            if state.vips.is_empty() && state.listed.is_empty() && state.warnings.is_empty() {
+                self.services.remove(service);
+            }
+        }
+        if warnings_changed {
+            let mut all: Vec<LbWarning> = self
+                .services
+                .values()
+                .flat_map(|s| s.warnings.iter().cloned())
+                .collect();
+            all.sort();
+            all.dedup();
+            self.table.warnings = all;
+        }
+        rebuild
+    }
+}
