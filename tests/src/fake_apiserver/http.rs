@@ -45,6 +45,9 @@ pub(crate) async fn serve(
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 };
+                // As kube-apiserver (Go) does: a watch event is written as a chunk header and
+                // a body, and with Nagle the second write waits ~40 ms for a delayed ACK.
+                let _ = stream.set_nodelay(true);
                 let shared = shared.clone();
                 conns.spawn(async move {
                     let svc = hyper::service::service_fn(move |req| handle(shared.clone(), req));
