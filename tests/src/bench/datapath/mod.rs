@@ -687,7 +687,11 @@ fn synced(log: &str, n: usize) -> anyhow::Result<Option<u64>> {
             continue;
         };
         let field = |k: &str| v.get(k).or_else(|| v.get("fields").and_then(|f| f.get(k)));
-        if field("message").and_then(|m| m.as_str()) != Some("maps synced") {
+        // "maps synced (full)" for the first sync, "maps synced" for later ones.
+        if !field("message")
+            .and_then(|m| m.as_str())
+            .is_some_and(|m| m.starts_with("maps synced"))
+        {
             continue;
         }
         if field("services").and_then(|s| s.as_u64()) != Some(n as u64) {
@@ -914,7 +918,9 @@ mod tests {
             "{\"message\":\"dataplane ready\",\"frontends\":0}\n",
             "{\"message\":\"maps synced\",\"services\":10,\"failed\":0,\"elapsed_us\":5}\n",
             "{\"message\":\"maps synced\",\"services\":20,\"failed\":0,\"elapsed_us\":7}\n",
+            "{\"message\":\"maps synced (full)\",\"services\":40,\"failed\":0,\"elapsed_us\":9}\n",
         );
+        assert_eq!(synced(log, 40).unwrap(), Some(9));
         assert_eq!(synced(log, 20).unwrap(), Some(7));
         assert_eq!(synced(log, 30).unwrap(), None);
         let failed = "{\"message\":\"maps synced\",\"services\":5,\"failed\":2}\n";
