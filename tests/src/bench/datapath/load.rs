@@ -28,6 +28,41 @@ pub struct LoadResult {
     pub errors: BTreeMap<String, u64>,
 }
 
+impl LoadResult {
+    pub fn conns_per_sec(&self) -> f64 {
+        if self.elapsed_secs > 0.0 {
+            self.connections as f64 / self.elapsed_secs
+        } else {
+            0.0
+        }
+    }
+
+    /// Several runs of the same load as one: the run with the median rate stands for them (its
+    /// connections, time and percentiles); failures, replies per backend and errors are those
+    /// of every run added up.
+    pub fn median_of(mut runs: Vec<LoadResult>) -> LoadResult {
+        runs.sort_by(|a, b| a.conns_per_sec().total_cmp(&b.conns_per_sec()));
+        let mid = runs.len() / 2;
+        let mut all = LoadResult::default();
+        for (i, run) in runs.into_iter().enumerate() {
+            if i == mid {
+                all.p50_us = run.p50_us;
+                all.p99_us = run.p99_us;
+                all.elapsed_secs = run.elapsed_secs;
+                all.connections = run.connections;
+            }
+            all.failures += run.failures;
+            for (k, v) in run.by_backend {
+                *all.by_backend.entry(k).or_default() += v;
+            }
+            for (k, v) in run.errors {
+                *all.errors.entry(k).or_default() += v;
+            }
+        }
+        all
+    }
+}
+
 /// How long a connect or a read may take before the attempt counts as failed.
 const IO_TIMEOUT: Duration = Duration::from_secs(1);
 /// The request every client sends; the server answers after reading it.

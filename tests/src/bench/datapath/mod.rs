@@ -149,6 +149,12 @@ pub struct Throughput {
     /// Why this (mode, N) was not measured (then every count is 0), e.g. an install predicted
     /// to exceed `install_budget`.
     pub skipped: Option<String>,
+    /// `direct` conn/s measured next to this mode, so the ratio is not skewed by the machine
+    /// speeding up or slowing down between modes: for socket-lb the median of direct runs
+    /// interleaved with its own runs (the programs only see the socket-lb client's cgroup);
+    /// for iptables/nftables one direct run just before their rules go in (once installed,
+    /// every packet of the namespace passes them).
+    pub paired_direct_cps: Option<f64>,
 }
 
 impl Throughput {
@@ -167,6 +173,7 @@ impl Throughput {
             targets: 0,
             errors: BTreeMap::new(),
             skipped: None,
+            paired_direct_cps: None,
         }
     }
 }
@@ -199,6 +206,8 @@ const MAX_CONNS: u64 = 5_000_000;
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(900);
 /// The smallest earlier install an install-time prediction is scaled from.
 const MIN_PREDICT_SERVICES: usize = 1000;
+/// socket-lb and direct alternate this many times per N; the median run counts.
+pub const PAIRED_ROUNDS: usize = 3;
 /// Change samples of one (mode, N) stop after this much command time (at least 3 are taken).
 const CHANGE_BUDGET: Duration = Duration::from_secs(90);
 
@@ -359,6 +368,7 @@ impl<'a> Bench<'a> {
         let n = svcs.len();
         let (targets, expected) = self.targets(mode, svcs);
         let mut change = None;
+        let mut paired = None;
         let (install_secs, result) = match mode {
             Mode::Direct => (0.0, self.load(&targets, false)?),
             Mode::SocketLb => {
@@ -367,13 +377,20 @@ impl<'a> Bench<'a> {
                     "socket-lb N={n}: agent up and all {n} services in the maps after {install:.3} s (its map sync itself: {:.3} s)",
                     synced_us as f64 / 1e6
                 ));
-                let r = self.load(&targets, true);
+                let direct_targets = self.backends.clone();
+                let mut rounds = Vec::with_capacity(PAIRED_ROUNDS);
+                let mut direct_cps = Vec::with_capacity(PAIRED_ROUNDS);
+                for _ in 0..PAIRED_ROUNDS {
+                    rounds.push(self.load(&targets, true)?);
+                    direct_cps.push(self.load(&direct_targets, false)?.conns_per_sec());
+                }
                 if !agent.running() {
                     bail!("the agent exited during the run:\n{}", agent.log_text());
                 }
                 drop(agent);
                 self.uninstall_agent();
-                (install, r?)
+                paired = Some(median(&mut direct_cps));
+                (install, LoadResult::median_of(rounds))
             }
             Mode::Iptables | Mode::Nftables => {
                 if let Some(why) = self.over_budget(mode, n) {
@@ -382,6 +399,7 @@ impl<'a> Bench<'a> {
                     tp.skipped = Some(why);
                     return Ok((tp, None));
                 }
+                paired = Some(self.load(&self.backends, false)?.conns_per_sec());
                 let mut guard = NetfilterGuard::new(&self.topo.client, mode)?;
                 let text = if mode == Mode::Iptables {
                     rules::iptables_full(svcs)
@@ -413,11 +431,7 @@ impl<'a> Bench<'a> {
             services: n,
             connections: result.connections,
             failures: result.failures,
-            conns_per_sec: if result.elapsed_secs > 0.0 {
-                result.connections as f64 / result.elapsed_secs
-            } else {
-                0.0
-            },
+            conns_per_sec: result.conns_per_sec(),
             p50_us: result.p50_us,
             p99_us: result.p99_us,
             install_secs,
@@ -426,6 +440,7 @@ impl<'a> Bench<'a> {
             targets: targets.len(),
             errors: result.errors,
             skipped: None,
+            paired_direct_cps: paired,
         };
         Ok((tp, change))
     }
@@ -710,6 +725,11 @@ fn synced(log: &str, n: usize) -> anyhow::Result<Option<u64>> {
         ));
     }
     Ok(None)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn tail(s: &str, max: usize) -> &str {
