@@ -17,7 +17,7 @@ use std::{
     io::{BufRead as _, Read as _, Write as _},
     net::{Ipv4Addr, SocketAddrV4},
     os::{fd::AsRawFd as _, unix::process::CommandExt as _},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     str::FromStr,
     time::{Duration, Instant},
@@ -377,12 +377,26 @@ impl<'a> Bench<'a> {
                     "socket-lb N={n}: agent up and all {n} services in the maps after {install:.3} s (its map sync itself: {:.3} s)",
                     synced_us as f64 / 1e6
                 ));
+                // The kernel counts each program's runs and run time only while some process
+                // holds a stats fd; this one is dropped with the branch.
+                let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
+                let hook_before = connect_hook_stats(&self.topo.pin_dir);
                 let direct_targets = self.backends.clone();
                 let mut rounds = Vec::with_capacity(PAIRED_ROUNDS);
                 let mut direct_cps = Vec::with_capacity(PAIRED_ROUNDS);
                 for _ in 0..PAIRED_ROUNDS {
                     rounds.push(self.load(&targets, true)?);
                     direct_cps.push(self.load(&direct_targets, false)?.conns_per_sec());
+                }
+                if let (Some((runs0, ns0)), Some((runs1, ns1))) =
+                    (hook_before, connect_hook_stats(&self.topo.pin_dir))
+                    && runs1 > runs0
+                {
+                    notes.push(format!(
+                        "socket-lb N={n}: the connect4 program ran {} times during the runs, {:.0} ns per call on average (kernel BPF run-time stats)",
+                        runs1 - runs0,
+                        (ns1 - ns0) as f64 / (runs1 - runs0) as f64
+                    ));
                 }
                 if !agent.running() {
                     bail!("the agent exited during the run:\n{}", agent.log_text());
@@ -725,6 +739,20 @@ fn synced(log: &str, n: usize) -> anyhow::Result<Option<u64>> {
         ));
     }
     Ok(None)
+}
+
+/// (runs, total run time in ns) of the connect4 program linked under `pin_dir`.
+fn connect_hook_stats(pin_dir: &Path) -> Option<(u64, u64)> {
+    let inspection = dataplane_agent::bpf::inspect::inspect(pin_dir).ok()?;
+    let id = inspection
+        .links
+        .iter()
+        .find(|l| l.program == "connect4")?
+        .program_id;
+    let info = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .find(|p| p.id() == id)?;
+    Some((info.run_count(), info.run_time().as_nanos() as u64))
 }
 
 fn median(v: &mut [f64]) -> f64 {
