@@ -115,13 +115,20 @@ fn main() -> anyhow::Result<()> {
     };
     let _ = std::fs::remove_dir_all(&work_dir);
 
-    let command = format!(
-        "cargo xtask bench{}",
-        std::env::args()
-            .skip(1)
-            .filter(|a| !a.starts_with("--out"))
-            .fold(String::new(), |acc, a| acc + " " + &a)
-    );
+    // What the user typed: xtask adds `--out DIR` itself.
+    let mut shown = Vec::new();
+    let mut args_iter = std::env::args().skip(1);
+    while let Some(a) = args_iter.next() {
+        if a == "--out" {
+            args_iter.next();
+        } else if !a.starts_with("--out=") {
+            shown.push(a);
+        }
+    }
+    let command = std::iter::once("cargo xtask bench".to_owned())
+        .chain(shown)
+        .collect::<Vec<_>>()
+        .join(" ");
     let report = BenchReport {
         run: RunInfo {
             command,

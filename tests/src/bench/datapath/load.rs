@@ -37,20 +37,21 @@ impl LoadResult {
         }
     }
 
-    /// Several runs of the same load as one: the run with the median rate stands for them (its
-    /// connections, time and percentiles); failures, replies per backend and errors are those
-    /// of every run added up.
-    pub fn median_of(mut runs: Vec<LoadResult>) -> LoadResult {
+    /// Several runs of the same load as one, and the median of their rates: the run with the
+    /// median rate gives the percentiles; connections, time, failures, replies per backend and
+    /// errors are those of every run added up.
+    pub fn median_of(mut runs: Vec<LoadResult>) -> (LoadResult, f64) {
         runs.sort_by(|a, b| a.conns_per_sec().total_cmp(&b.conns_per_sec()));
         let mid = runs.len() / 2;
+        let median_rate = runs.get(mid).map_or(0.0, LoadResult::conns_per_sec);
         let mut all = LoadResult::default();
         for (i, run) in runs.into_iter().enumerate() {
             if i == mid {
                 all.p50_us = run.p50_us;
                 all.p99_us = run.p99_us;
-                all.elapsed_secs = run.elapsed_secs;
-                all.connections = run.connections;
             }
+            all.connections += run.connections;
+            all.elapsed_secs += run.elapsed_secs;
             all.failures += run.failures;
             for (k, v) in run.by_backend {
                 *all.by_backend.entry(k).or_default() += v;
@@ -59,7 +60,7 @@ impl LoadResult {
                 *all.errors.entry(k).or_default() += v;
             }
         }
-        all
+        (all, median_rate)
     }
 }
 

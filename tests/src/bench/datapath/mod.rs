@@ -128,7 +128,8 @@ impl DatapathOptions {
 pub struct Throughput {
     pub mode: Mode,
     pub services: usize,
-    /// Completed connections (connect, request, reply) in the measured period.
+    /// Completed connections (connect, request, reply) in the measured period (all of
+    /// socket-lb's runs; its rate is the median run's).
     pub connections: u64,
     pub failures: u64,
     pub conns_per_sec: f64,
@@ -369,6 +370,7 @@ impl<'a> Bench<'a> {
         let (targets, expected) = self.targets(mode, svcs);
         let mut change = None;
         let mut paired = None;
+        let mut median_rate = None;
         let (install_secs, result) = match mode {
             Mode::Direct => (0.0, self.load(&targets, false)?),
             Mode::SocketLb => {
@@ -404,7 +406,9 @@ impl<'a> Bench<'a> {
                 drop(agent);
                 self.uninstall_agent();
                 paired = Some(median(&mut direct_cps));
-                (install, LoadResult::median_of(rounds))
+                let (all, rate) = LoadResult::median_of(rounds);
+                median_rate = Some(rate);
+                (install, all)
             }
             Mode::Iptables | Mode::Nftables => {
                 if let Some(why) = self.over_budget(mode, n) {
@@ -445,7 +449,7 @@ impl<'a> Bench<'a> {
             services: n,
             connections: result.connections,
             failures: result.failures,
-            conns_per_sec: result.conns_per_sec(),
+            conns_per_sec: median_rate.unwrap_or_else(|| result.conns_per_sec()),
             p50_us: result.p50_us,
             p99_us: result.p99_us,
             install_secs,
