@@ -26,14 +26,6 @@ use tests::{
 const WAIT: Duration = Duration::from_secs(30);
 const NS: &str = "demo";
 
-fn kubeconfig(url: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"{url}\"}}\n\
-         contexts:\n- name: fake\n  context: {{cluster: fake, user: fake}}\ncurrent-context: fake\n\
-         users:\n- name: fake\n  user: {{}}\n"
-    )
-}
-
 fn seed(srv: &FakeApiServer, cluster: &str, created: &str, ips: &[String]) {
     srv.put(&json!({"apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "web", "namespace": NS},
@@ -222,8 +214,8 @@ fn node_role_follows_imported_slices_from_the_api() {
 
     let dir = topo.dir.join("kube");
     std::fs::create_dir_all(&dir).expect("dir");
-    std::fs::write(dir.join("east.kubeconfig"), kubeconfig(&east.url())).expect("write");
-    std::fs::write(dir.join("west.kubeconfig"), kubeconfig(&west.url())).expect("write");
+    std::fs::write(dir.join("east.kubeconfig"), east.kubeconfig()).expect("write");
+    std::fs::write(dir.join("west.kubeconfig"), west.kubeconfig()).expect("write");
     // The local member has no kubeconfig: in a pod that is the in-cluster config; here
     // KUBECONFIG points at east. West's kubeconfig path is relative to the config file.
     let leader =
@@ -415,7 +407,7 @@ fn node_only_role_routes_seeded_imports() {
 
     let dir = topo.dir.join("kube-node");
     std::fs::create_dir_all(&dir).expect("dir");
-    std::fs::write(dir.join("east.kubeconfig"), kubeconfig(&api.url())).expect("write");
+    std::fs::write(dir.join("east.kubeconfig"), api.kubeconfig()).expect("write");
     // West's kubeconfig does not exist: a node-only agent must not read it.
     std::fs::write(
         dir.join("clusterset.yaml"),

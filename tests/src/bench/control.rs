@@ -284,14 +284,6 @@ fn fresh_ip(i: usize) -> IpAddr {
     ))
 }
 
-fn kubeconfig(url: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"{url}\"}}\n\
-         contexts:\n- name: fake\n  context: {{cluster: fake, user: fake}}\ncurrent-context: fake\n\
-         users:\n- name: fake\n  user: {{}}\n"
-    )
-}
-
 /// Reads `VmRSS` and `VmHWM` (MiB) of a process.
 fn memory_of(pid: u32) -> anyhow::Result<(f64, f64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
@@ -350,7 +342,7 @@ fn event_to_map(
         server.put(slice);
     }
     let kubeconfig_path = topo.dir.join("kubeconfig");
-    std::fs::write(&kubeconfig_path, kubeconfig(&server.url()))?;
+    std::fs::write(&kubeconfig_path, server.kubeconfig())?;
     let config = topo.dir.join("clusterset.yaml");
     std::fs::write(
         &config,

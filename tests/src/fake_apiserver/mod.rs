@@ -254,6 +254,16 @@ impl FakeApiServer {
         format!("http://{}", self.addr)
     }
 
+    /// A kubeconfig file's text pointing at this server (for agent processes).
+    pub fn kubeconfig(&self) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster: {{server: \"{}\"}}\n\
+             contexts:\n- name: fake\n  context: {{cluster: fake, user: fake}}\ncurrent-context: fake\n\
+             users:\n- name: fake\n  user: {{}}\n",
+            self.url()
+        )
+    }
+
     /// A kube client for this server, with default namespace `default`.
     pub fn client(&self) -> kube::Client {
         let url = self.url().parse().expect("the server URL is a valid URI");
