@@ -46,17 +46,6 @@ const SERVICES: usize = 10_000;
 const CLUSTERS: usize = 5;
 const ENDPOINTS: usize = 10;
 
-/// A unique pod IP per cluster and endpoint index.
-fn addr(c: usize, i: usize) -> String {
-    format!(
-        "{}.{}.{}.{}",
-        10 + c,
-        (i >> 16) & 255,
-        (i >> 8) & 255,
-        i & 255
-    )
-}
-
 fn import(s: usize) -> ServiceImport {
     let mut si = ServiceImport::default();
     si.metadata.name = Some(format!("svc-{s}"));
@@ -109,9 +98,9 @@ fn slice(s: usize, c: usize, moved: bool) -> EndpointSlice {
         endpoints: (0..ENDPOINTS)
             .map(|e| Endpoint {
                 addresses: vec![if moved && e == 0 {
-                    addr(c, SERVICES * ENDPOINTS + 1)
+                    dataplane_agent::synthetic::pod_ip(c, SERVICES * ENDPOINTS + 1)
                 } else {
-                    addr(c, s * ENDPOINTS + e)
+                    dataplane_agent::synthetic::pod_ip(c, s * ENDPOINTS + e)
                 }],
                 conditions: Some(EndpointConditions {
                     ready: Some(true),
