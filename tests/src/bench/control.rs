@@ -26,7 +26,7 @@ use dataplane_agent::{
 };
 use serde::Serialize;
 
-use super::stats::{Summary, summarize};
+use super::stats::{Summary, median, summarize};
 use crate::{agent::Agent, fake_apiserver::FakeApiServer, netns::Topology};
 
 /// What to measure.
@@ -181,11 +181,6 @@ fn merge_and_build(shape: Shape, runs: usize) -> (MergeTiming, MergePlan, LbTabl
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Map capacities for a table: frontends (ports and per-VIP wildcards) and backends with

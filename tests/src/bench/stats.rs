@@ -32,6 +32,12 @@ pub fn summarize(samples: &mut [Duration]) -> Summary {
     }
 }
 
+/// The middle value (the upper one of an even count), sorting `v` in place; 0 when empty.
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
 /// Nearest-rank percentile: the smallest sample with at least `q` of the samples at or below it.
 fn percentile_index(len: usize, q: f64) -> usize {
     ((q * len as f64).ceil() as usize).clamp(1, len) - 1
@@ -53,5 +59,7 @@ mod tests {
         let mut one = vec![Duration::from_micros(1500)];
         assert_eq!(summarize(&mut one).p99_ms, 1.5);
         assert_eq!(summarize(&mut []), Summary::default());
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut []), 0.0);
     }
 }

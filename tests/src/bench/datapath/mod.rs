@@ -31,6 +31,7 @@ use crate::{
     netns::{Topology, agent_bin, die_with_parent, sh, workspace_bin},
 };
 
+use super::stats::median;
 use load::LoadResult;
 use rules::Service;
 
@@ -757,11 +758,6 @@ fn connect_hook_stats(pin_dir: &Path) -> Option<(u64, u64)> {
         .filter_map(Result::ok)
         .find(|p| p.id() == id)?;
     Some((info.run_count(), info.run_time().as_nanos() as u64))
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn tail(s: &str, max: usize) -> &str {

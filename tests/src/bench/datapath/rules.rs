@@ -222,6 +222,23 @@ pub fn iptables_full(svcs: &[Service]) -> String {
 /// kube-proxy's minimized partial sync for one changed service (`iptables-restore --noflush`):
 /// the always-written chains (KUBE-SERVICES in full, with all N jumps), the changed service's
 /// KUBE-SVC chain, its new KUBE-SEP chains, and `-X` for the endpoint chains that went away.
+/// The endpoints `changed` has that `old` lacked, and those it no longer has.
+fn endpoint_diff<'a>(
+    changed: &'a Service,
+    old: &'a [SocketAddrV4],
+) -> (Vec<&'a SocketAddrV4>, Vec<&'a SocketAddrV4>) {
+    let added = changed
+        .endpoints
+        .iter()
+        .filter(|e| !old.contains(e))
+        .collect();
+    let gone = old
+        .iter()
+        .filter(|e| !changed.endpoints.contains(e))
+        .collect();
+    (added, gone)
+}
+
 /// `changed` is the service after the change, `old` its endpoints before.
 pub fn iptables_change(svcs: &[Service], changed: &Service, old: &[SocketAddrV4]) -> String {
     let mut out = String::with_capacity(svcs.len() * 200 + 4096);
@@ -229,15 +246,7 @@ pub fn iptables_change(svcs: &[Service], changed: &Service, old: &[SocketAddrV4]
     out.push_str("*nat\n");
     nat_common(&mut out);
     let _ = writeln!(out, ":{} - [0:0]", svc_chain(changed));
-    let added: Vec<_> = changed
-        .endpoints
-        .iter()
-        .filter(|e| !old.contains(e))
-        .collect();
-    let gone: Vec<_> = old
-        .iter()
-        .filter(|e| !changed.endpoints.contains(e))
-        .collect();
+    let (added, gone) = endpoint_diff(changed, old);
     for ep in &added {
         let _ = writeln!(out, ":{} - [0:0]", sep_chain(changed, **ep));
     }
@@ -402,15 +411,7 @@ pub fn nft_change(changed: &Service, old: &[SocketAddrV4]) -> String {
     let mut out = String::new();
     let t = NFT_TABLE;
     let svc = nft_service_chain(changed);
-    let added: Vec<_> = changed
-        .endpoints
-        .iter()
-        .filter(|e| !old.contains(e))
-        .collect();
-    let gone: Vec<_> = old
-        .iter()
-        .filter(|e| !changed.endpoints.contains(e))
-        .collect();
+    let (added, gone) = endpoint_diff(changed, old);
     for ep in &added {
         let c = nft_endpoint_chain(changed, **ep);
         let _ = writeln!(out, "add chain {t} {c}");
