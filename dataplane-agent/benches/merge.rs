@@ -4,7 +4,7 @@
 //! `AYA_BUILD_SKIP=1 cargo bench -p dataplane-agent --bench merge`
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use dataplane_agent::{
+use dataplane_core::{
     lb,
     merge::{self, ClusterSetConfig},
     synthetic::{self, Shape},

@@ -21,11 +21,11 @@ use std::{
 };
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use dataplane_agent::{
-    bpf::{
-        maps::{Capacities, MemMaps},
-        sync::MapSync,
-    },
+use dataplane_agent::bpf::{
+    maps::{Capacities, MemMaps},
+    sync::MapSync,
+};
+use dataplane_core::{
     lb::{
         self, LbState,
         inputs::{Change, InputIndex},
@@ -98,9 +98,9 @@ fn slice(s: usize, c: usize, moved: bool) -> EndpointSlice {
         endpoints: (0..ENDPOINTS)
             .map(|e| Endpoint {
                 addresses: vec![if moved && e == 0 {
-                    dataplane_agent::synthetic::pod_ip(c, SERVICES * ENDPOINTS + 1)
+                    dataplane_core::synthetic::pod_ip(c, SERVICES * ENDPOINTS + 1)
                 } else {
-                    dataplane_agent::synthetic::pod_ip(c, s * ENDPOINTS + e)
+                    dataplane_core::synthetic::pod_ip(c, s * ENDPOINTS + e)
                 }],
                 conditions: Some(EndpointConditions {
                     ready: Some(true),

@@ -4,10 +4,11 @@ use dataplane_agent::{
     bpf::{inspect, loader},
     cli::{self, Cli, Command},
     config::AgentConfig,
-    model, plan,
+    plan,
     roles::{kube, node, standalone},
     telemetry,
 };
+use dataplane_core::model;
 
 /// mimalloc: a merge builds and frees millions of small objects (half a million endpoints,
 /// their addresses, labels), where it is several times cheaper than the system allocator. The
@@ -98,7 +99,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 }
                 (None, None) => anyhow::bail!("give --from-dir or --clusterset-dir"),
             };
-            let e = dataplane_agent::explain::explain(&imports, &slices, ip, port, protocol);
+            let e = dataplane_core::explain::explain(&imports, &slices, ip, port, protocol);
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&e)?);
             } else {

@@ -25,11 +25,13 @@ use std::{
 use serde_json::{Value, json};
 
 use crate::{
+    source::clusterset_dir::{self, ClusterSetDirError},
+    source::manifests::ManifestError,
+};
+use dataplane_core::{
     lb::{self, LbTable},
     merge::{self, MergePlan},
     model::ClusterId,
-    source::clusterset_dir::{self, ClusterSetDirError},
-    source::manifests::ManifestError,
 };
 
 /// Why a plan cannot be computed at all.
@@ -75,7 +77,7 @@ pub fn compute(dir: &Path, cluster: Option<&ClusterId>) -> Result<Plan, PlanErro
 pub fn compute_with(
     dir: &Path,
     cluster: Option<&ClusterId>,
-    current_imports: Option<&[crate::model::ServiceImport]>,
+    current_imports: Option<&[dataplane_core::model::ServiceImport]>,
 ) -> Result<Plan, PlanError> {
     let read = clusterset_dir::read(dir)?;
     let cluster = match cluster {

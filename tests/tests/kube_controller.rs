@@ -7,12 +7,6 @@ use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 
 use dataplane_agent::{
     config::LeaderElection,
-    merge::{ClusterSetConfig, ClusterSnapshot},
-    model::{
-        ClusterId, EndpointSlice, FIELD_MANAGER, LABEL_APP_MANAGED_BY, LABEL_MANAGED_BY,
-        LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, MANAGED_BY, Service, ServiceExport,
-        ServiceImport,
-    },
     roles::{
         controller::{self, ControllerSettings, EVENT_CONFLICT, EVENT_RESOLVED, Observed},
         kube::elect_and_control,
@@ -20,6 +14,14 @@ use dataplane_agent::{
     sink::kube::{Action, KubeSink},
     source::kube::AbortOnDrop,
     telemetry::metrics::Metrics,
+};
+use dataplane_core::{
+    merge::{ClusterSetConfig, ClusterSnapshot},
+    model::{
+        ClusterId, EndpointSlice, FIELD_MANAGER, LABEL_APP_MANAGED_BY, LABEL_MANAGED_BY,
+        LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, MANAGED_BY, Service, ServiceExport,
+        ServiceImport,
+    },
 };
 use http::{Method, StatusCode};
 use k8s_openapi::{
@@ -876,7 +878,7 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
     let status = written.status.as_mut().expect("status");
     status.conditions = controller::with_transition_times(&status.conditions, &[], &now);
     let mut export_after: ServiceExport = serde_json::from_value(export("web", T_EAST))?;
-    export_after.status = Some(dataplane_agent::model::ServiceExportStatus {
+    export_after.status = Some(dataplane_core::model::ServiceExportStatus {
         conditions: plan.export_statuses[0]
             .conditions
             .iter()

@@ -25,10 +25,12 @@ use std::{
 };
 
 use dataplane_agent::{
-    merge::ClusterSetCidrs,
-    model::{ClusterId, IpFamily, MANAGED_BY},
     plan,
     source::{clusterset_dir, manifests::parse_documents},
+};
+use dataplane_core::{
+    merge::ClusterSetCidrs,
+    model::{ClusterId, IpFamily, MANAGED_BY},
 };
 use serde::Deserialize;
 use serde_json::Value;

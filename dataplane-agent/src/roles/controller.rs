@@ -41,6 +41,11 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use crate::{
+    sink::kube::{Action, KubeSink, Written},
+    source::kube::{AbortOnDrop, LocalWrites, MemberWatch, Reflected, rv_of},
+    telemetry::metrics::{ClusterLabels, Metrics},
+};
+use dataplane_core::{
     merge::{
         self, ClusterSetConfig, ClusterSnapshot, MergePlan,
         conditions::{ConditionStatus, ConditionType},
@@ -49,9 +54,6 @@ use crate::{
         ClusterId, Condition, EndpointSlice, FIELD_MANAGER, LABEL_APP_MANAGED_BY, MANAGED_BY,
         NamespacedName, ObjectMeta, ServiceExport, ServiceImport, ServiceImportStatus,
     },
-    sink::kube::{Action, KubeSink, Written},
-    source::kube::{AbortOnDrop, LocalWrites, MemberWatch, Reflected, rv_of},
-    telemetry::metrics::{ClusterLabels, Metrics},
 };
 
 /// The condition types the controller owns on ServiceExports.
@@ -901,7 +903,7 @@ mod tests {
                 s.metadata
                     .labels
                     .as_ref()
-                    .and_then(|l| l.get(crate::model::LABEL_SOURCE_CLUSTER))
+                    .and_then(|l| l.get(dataplane_core::model::LABEL_SOURCE_CLUSTER))
                     .cloned()
             })
             .collect();

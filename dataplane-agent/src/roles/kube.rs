@@ -33,13 +33,13 @@ use super::{
 use crate::{
     bpf::loader::LoaderConfig,
     config::{AgentConfig, Member},
-    model::ClusterId,
     source::kube::watch_node_inputs,
     telemetry::{
         metrics::Metrics,
         server::{self, Health},
     },
 };
+use dataplane_core::model::ClusterId;
 
 /// Name of the ClusterProperty holding the cluster id (KEP-2149).
 pub const CLUSTER_ID_PROPERTY: &str = "cluster.clusterset.k8s.io";
@@ -66,7 +66,7 @@ pub enum KubeModeError {
     )]
     NoClusterId,
     #[error("ClusterProperty {CLUSTER_ID_PROPERTY}: {0}")]
-    BadClusterId(#[from] crate::model::InvalidClusterId),
+    BadClusterId(#[from] dataplane_core::model::InvalidClusterId),
     #[error("{0}")]
     Config(String),
     #[error("binding the telemetry server on {addr}: {source}")]

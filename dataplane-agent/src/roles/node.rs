@@ -23,12 +23,14 @@ use crate::{
         maps::MapWriter as _,
         sync::{MapSync, SyncError, SyncReport},
     },
+    source::manifests::{self, Manifest, ManifestError},
+};
+use dataplane_core::{
     lb::{
         LbState,
         inputs::{Change, InputIndex},
     },
     model::{EndpointSlice, LABEL_SERVICE_NAME, NamespacedName, ServiceImport},
-    source::manifests::{self, Manifest, ManifestError},
 };
 
 /// What the node role routes from, as read from a directory.
@@ -90,7 +92,7 @@ pub fn read_node_dir(dir: &Path) -> std::io::Result<(NodeInputs, Vec<ManifestErr
 }
 
 fn describe(m: &Manifest) -> String {
-    use crate::model::NamespacedName;
+    use dataplane_core::model::NamespacedName;
     match m {
         Manifest::Service(o) => format!("Service {}", NamespacedName::of(&o.metadata)),
         Manifest::ServiceExport(o) => format!("ServiceExport {}", NamespacedName::of(&o.metadata)),

@@ -9,10 +9,12 @@ use tracing::{error, info, warn};
 
 use super::node::{ChangeSender, NodeInputs};
 use crate::{
-    merge::conditions::{ConditionStatus, ConditionType},
-    model::{ClusterId, ServiceImport},
     plan::{self, Plan},
     source::watch::DirWatcher,
+};
+use dataplane_core::{
+    merge::conditions::{ConditionStatus, ConditionType},
+    model::{ClusterId, ServiceImport},
 };
 
 /// Writes `text` to `path` atomically (a reader never sees half a report).

@@ -20,7 +20,7 @@ use kube::{
 };
 use serde_json::{Value, json};
 
-use crate::model::{
+use dataplane_core::model::{
     API_VERSION_V1BETA1, Condition, EndpointSlice, FIELD_MANAGER, NamespacedName, ServiceExport,
     ServiceImport,
 };
@@ -216,7 +216,7 @@ impl KubeSink {
             object: action.object(),
             source,
         };
-        let ns_name = |m: &crate::model::ObjectMeta| NamespacedName::of(m);
+        let ns_name = |m: &dataplane_core::model::ObjectMeta| NamespacedName::of(m);
         match action {
             Action::ApplyImport(si) => {
                 let id = ns_name(&si.metadata);

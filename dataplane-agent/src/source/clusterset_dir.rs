@@ -30,8 +30,8 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use serde::Deserialize;
 
 use super::manifests::{Manifest, ManifestError, parse_documents, yaml_files};
-use crate::merge::{ClusterSetCidrs, ClusterSetConfig, ClusterSnapshot, IpFamilyPolicy};
-use crate::model::{ClusterId, InvalidClusterId, IpFamily, NamespacedName, ServiceImport};
+use dataplane_core::merge::{ClusterSetCidrs, ClusterSetConfig, ClusterSnapshot, IpFamilyPolicy};
+use dataplane_core::model::{ClusterId, InvalidClusterId, IpFamily, NamespacedName, ServiceImport};
 
 /// The optional configuration file at the top of the directory.
 pub const CONFIG_FILE: &str = "clusterset.yaml";
@@ -141,7 +141,7 @@ struct ClusterFile {
 /// ```
 /// use dataplane_agent::source::clusterset_dir::parse_config;
 /// let cfg = parse_config("ipFamilyPolicy: Union\n", "clusterset.yaml".as_ref()).unwrap();
-/// assert_eq!(cfg.ip_family_policy, dataplane_agent::merge::IpFamilyPolicy::Union);
+/// assert_eq!(cfg.ip_family_policy, dataplane_core::merge::IpFamilyPolicy::Union);
 /// ```
 pub fn parse_config(text: &str, file: &Path) -> Result<ClusterSetConfig, ClusterSetDirError> {
     let err = |message: String| ClusterSetDirError::Config {

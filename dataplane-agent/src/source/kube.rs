@@ -31,15 +31,14 @@ use serde::de::DeserializeOwned;
 use tokio::{sync::Notify, task::JoinHandle, time::Instant};
 use tracing::{debug, info, warn};
 
-use crate::{
+use crate::{roles::node::ChangeSender, telemetry::metrics::Metrics};
+use dataplane_core::{
     lb::inputs::{Change, strip_import, strip_slice},
     merge::ClusterSnapshot,
     model::{
         ClusterId, EndpointSlice, LABEL_APP_MANAGED_BY, LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY,
         LABEL_SERVICE_NAME, MANAGED_BY, Service, ServiceExport, ServiceImport,
     },
-    roles::node::ChangeSender,
-    telemetry::metrics::Metrics,
 };
 
 /// Aborts a task when dropped: the watchers of a role live exactly as long as the role.
@@ -353,7 +352,7 @@ impl LocalWrites {
 /// imported EndpointSlices (label `multicluster.kubernetes.io/service-name`) to the node on
 /// `tx`, one watch event at a time, until the node is gone.
 ///
-/// There is no reflector store here: the node's [`InputIndex`](crate::lb::inputs::InputIndex)
+/// There is no reflector store here: the node's [`InputIndex`](dataplane_core::lb::inputs::InputIndex)
 /// is the store (one copy of each object, shared by `Arc`, filed by service), and each event
 /// names the object that changed, so the node updates the one service it belongs to. Objects
 /// are stripped to what the lb table reads before they are kept ([`strip_import`],

@@ -207,7 +207,7 @@ impl Metrics {
 
     /// Sets the conflict gauges from (reason, count) pairs; reasons not given drop to 0.
     pub fn set_conflicts(&self, counts: &std::collections::BTreeMap<String, i64>) {
-        use crate::merge::conditions::ConflictReason::*;
+        use dataplane_core::merge::conditions::ConflictReason::*;
         for r in [
             Port,
             IpFamily,

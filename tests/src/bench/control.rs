@@ -13,12 +13,12 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use dataplane_agent::{
-    bpf::{
-        kernel::KernelMaps,
-        loader::{self, LoaderConfig},
-        sync::{FeAddr, MapSync},
-    },
+use dataplane_agent::bpf::{
+    kernel::KernelMaps,
+    loader::{self, LoaderConfig},
+    sync::{FeAddr, MapSync},
+};
+use dataplane_core::{
     lb::{self, FrontendAddr, LbTable, Protocol},
     merge::{self, ClusterSetConfig, MergePlan},
     model::{EndpointSlice, LABEL_SOURCE_CLUSTER, NamespacedName},
@@ -139,7 +139,7 @@ pub fn run(opts: &ControlOptions) -> anyhow::Result<ControlReport> {
     Ok(report)
 }
 
-fn importing() -> dataplane_agent::model::ClusterId {
+fn importing() -> dataplane_core::model::ClusterId {
     synthetic::cluster_id(0)
 }
 
@@ -407,7 +407,7 @@ fn event_to_map(
         .filter_map(|s| {
             let labels = s.metadata.labels.as_ref()?;
             labels.get(LABEL_SOURCE_CLUSTER)?;
-            let service = labels.get(dataplane_agent::model::LABEL_SERVICE_NAME)?;
+            let service = labels.get(dataplane_core::model::LABEL_SERVICE_NAME)?;
             let ns = s.metadata.namespace.clone()?;
             Some((NamespacedName::new(ns, service.clone()), s.clone()))
         })

@@ -15,11 +15,11 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use dataplane_agent::{
+use dataplane_agent::plan;
+use dataplane_core::{
     lb::Protocol,
     merge::conditions::{ConditionStatus, ConditionType},
     model::ClusterId,
-    plan,
 };
 use tests::{agent::Agent, clusterset, netns::Topology, probe::by_cluster};
 

@@ -81,7 +81,7 @@ impl MergeCondition {
     /// As a `metav1.Condition` with the given `lastTransitionTime`.
     ///
     /// ```
-    /// # use dataplane_agent::merge::conditions::{import_ready, epoch};
+    /// # use dataplane_core::merge::conditions::{import_ready, epoch};
     /// let c = import_ready().to_k8s(epoch());
     /// assert_eq!((c.type_.as_str(), c.status.as_str()), ("Ready", "True"));
     /// ```

@@ -27,14 +27,10 @@ use std::{
 use foldhash::{HashMap, HashMapExt};
 use serde::Serialize;
 
-use crate::merge::exports::{Key, key, parse_ip};
 use crate::model::{
-    ClusterId, EndpointSlice, IpFamily, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, NamespacedName,
-    ServiceImport, ServiceImportType,
+    ClusterId, DEFAULT_AFFINITY_TIMEOUT_S, EndpointSlice, IpFamily, Key, LABEL_SERVICE_NAME,
+    LABEL_SOURCE_CLUSTER, NamespacedName, ServiceImport, ServiceImportType, key, parse_ip,
 };
-
-/// Kubernetes' default ClientIP affinity timeout (3 hours).
-pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10800;
 
 /// An L4 protocol the socket load balancer translates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -52,21 +48,6 @@ impl Protocol {
             "TCP" => Ok(Protocol::Tcp),
             "UDP" => Ok(Protocol::Udp),
             other => Err(other.to_owned()),
-        }
-    }
-
-    pub fn ip_proto(self) -> u8 {
-        match self {
-            Protocol::Tcp => dataplane_ebpf::IPPROTO_TCP,
-            Protocol::Udp => dataplane_ebpf::IPPROTO_UDP,
-        }
-    }
-
-    pub fn from_ip_proto(p: u8) -> Option<Self> {
-        match p {
-            dataplane_ebpf::IPPROTO_TCP => Some(Protocol::Tcp),
-            dataplane_ebpf::IPPROTO_UDP => Some(Protocol::Udp),
-            _ => None,
         }
     }
 }

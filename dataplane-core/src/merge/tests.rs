@@ -10,8 +10,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use proptest::prelude::*;
 
 use super::*;
+use crate::manifest::{Manifest, parse_documents};
 use crate::model::{LABEL_K8S_SERVICE_NAME, ServiceExportSpec};
-use crate::source::manifests::{Manifest, parse_documents};
 
 const NAMES: &[&str] = &["web", "db", "api", "web-a"];
 

@@ -193,7 +193,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::source::manifests::{Manifest, parse_documents};
+    use crate::manifest::{Manifest, parse_documents};
 
     const INPUT: &str = r#"
 apiVersion: multicluster.x-k8s.io/v1beta1

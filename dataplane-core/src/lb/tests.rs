@@ -1221,7 +1221,7 @@ mod incremental {
     type ObjKey = (String, String);
 
     fn obj_key(meta: &ObjectMeta) -> ObjKey {
-        let (ns, name) = crate::merge::exports::key(meta);
+        let (ns, name) = crate::model::key(meta);
         (ns.to_owned(), name.to_owned())
     }
 

@@ -29,10 +29,7 @@ use super::{
     Frontend, FrontendAddr, LbTable, LbWarning, Protocol, build_import, index_slices,
     unique_imports,
 };
-use crate::{
-    merge::exports::parse_ip,
-    model::{EndpointSlice, NamespacedName, ServiceImport},
-};
+use crate::model::{EndpointSlice, NamespacedName, ServiceImport, parse_ip};
 
 /// One service's inputs: the ServiceImports with its namespace/name (one, unless a directory
 /// defines it twice) and the imported EndpointSlices labelled with its name in its namespace.

@@ -16,8 +16,8 @@
 //! imports: everything is keyed and sorted before it is used.
 //!
 //! ```
-//! use dataplane_agent::merge::{self, ClusterSetConfig, ClusterSnapshot};
-//! use dataplane_agent::model::ClusterId;
+//! use dataplane_core::merge::{self, ClusterSetConfig, ClusterSnapshot};
+//! use dataplane_core::model::ClusterId;
 //!
 //! let c1 = ClusterId::new("c1").unwrap();
 //! let snapshots = vec![ClusterSnapshot::empty(c1.clone())];

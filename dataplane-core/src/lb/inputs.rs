@@ -21,10 +21,7 @@ use std::{
 use foldhash::{HashMap, HashMapExt as _};
 
 use super::ServiceInputs;
-use crate::{
-    merge::exports::key,
-    model::{EndpointSlice, LABEL_SERVICE_NAME, NamespacedName, ServiceImport},
-};
+use crate::model::{EndpointSlice, LABEL_SERVICE_NAME, NamespacedName, ServiceImport, key};
 
 /// What changed in the node's inputs.
 #[derive(Clone, Debug)]

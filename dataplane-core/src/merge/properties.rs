@@ -20,8 +20,9 @@ use std::collections::BTreeMap;
 
 use super::conditions::ConflictReason;
 use super::exports::Export;
-use crate::lb::DEFAULT_AFFINITY_TIMEOUT_S;
-use crate::model::{ClientIpConfig, ClusterId, ServiceImportType, SessionAffinityConfig};
+use crate::model::{
+    ClientIpConfig, ClusterId, DEFAULT_AFFINITY_TIMEOUT_S, ServiceImportType, SessionAffinityConfig,
+};
 
 /// The normalised properties of one export.
 #[derive(Clone, Debug, PartialEq, Eq)]
