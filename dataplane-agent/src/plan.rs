@@ -30,7 +30,7 @@ use crate::{
 };
 use dataplane_core::{
     lb::{self, LbTable},
-    merge::{self, MergePlan},
+    merge::{self, MergeOutput},
     model::ClusterId,
 };
 
@@ -50,7 +50,7 @@ pub enum PlanError {
 pub struct Plan {
     /// The importing cluster.
     pub cluster: ClusterId,
-    pub merge: MergePlan,
+    pub merge: MergeOutput,
     /// The table the node role would program: `lb::build` on the plan's imports and slices.
     pub lb: LbTable,
     /// Documents of the directory that could not be used.

@@ -6,6 +6,8 @@
 //! - [`merge`]: every member cluster's exports to what one importing cluster gets.
 //! - [`lb`]: the routing rule (ARCHITECTURE.md §4): imports and imported slices to frontends
 //!   and their ordered backends, whole or service by service.
+//! - [`reconcile`]: the controller's decisions: the merge output against the observed objects
+//!   to the writes that make them agree.
 //! - [`explain`]: why a ClusterSet IP and port reach the clusters they do.
 //!
 //! Nothing here talks to an API server, the kernel, the file system or the network: those are
@@ -16,5 +18,6 @@ pub mod lb;
 pub mod manifest;
 pub mod merge;
 pub mod model;
+pub mod reconcile;
 #[doc(hidden)]
 pub mod synthetic;

@@ -8,10 +8,10 @@ use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 use dataplane_agent::{
     config::LeaderElection,
     roles::{
-        controller::{self, ControllerSettings, EVENT_CONFLICT, EVENT_RESOLVED, Observed},
+        controller::{self, ControllerSettings},
         kube::elect_and_control,
     },
-    sink::kube::{Action, KubeSink},
+    sink::kube::KubeSink,
     source::kube::AbortOnDrop,
     telemetry::metrics::Metrics,
 };
@@ -22,6 +22,7 @@ use dataplane_core::{
         LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, MANAGED_BY, Service, ServiceExport,
         ServiceImport,
     },
+    reconcile::{self, Action, EVENT_CONFLICT, EVENT_RESOLVED, Observed},
 };
 use http::{Method, StatusCode};
 use k8s_openapi::{
@@ -715,7 +716,7 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
             ))?],
         },
     ];
-    let plan = controller::plan(
+    let plan = reconcile::desired(
         &snapshots,
         &ClusterSetConfig::default(),
         &id("east"),
@@ -728,7 +729,7 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
         exports: vec![Arc::new(east_export)],
         ..Default::default()
     };
-    let actions = controller::reconcile(&plan, &id("east"), &observed, &now);
+    let actions = reconcile::reconcile(&plan, &id("east"), &observed, &now);
     let labels: Vec<(&str, &str)> = actions.iter().map(Action::label).collect();
     assert_eq!(
         labels,
@@ -876,7 +877,7 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
     written.metadata.labels =
         Some([(LABEL_APP_MANAGED_BY.to_owned(), MANAGED_BY.to_owned())].into());
     let status = written.status.as_mut().expect("status");
-    status.conditions = controller::with_transition_times(&status.conditions, &[], &now);
+    status.conditions = reconcile::with_transition_times(&status.conditions, &[], &now);
     let mut export_after: ServiceExport = serde_json::from_value(export("web", T_EAST))?;
     export_after.status = Some(dataplane_core::model::ServiceExportStatus {
         conditions: plan.export_statuses[0]
@@ -892,7 +893,7 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
     };
     let later = Time("2026-03-01T13:00:00Z".parse()?);
     assert_eq!(
-        controller::reconcile(&plan, &id("east"), &observed, &later),
+        reconcile::reconcile(&plan, &id("east"), &observed, &later),
         []
     );
     Ok(())

@@ -37,7 +37,7 @@ use dataplane_core::{
     merge::ClusterSnapshot,
     model::{
         ClusterId, EndpointSlice, LABEL_APP_MANAGED_BY, LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY,
-        LABEL_SERVICE_NAME, MANAGED_BY, Service, ServiceExport, ServiceImport,
+        LABEL_SERVICE_NAME, MANAGED_BY, Service, ServiceExport, ServiceImport, resource_version,
     },
 };
 
@@ -49,16 +49,6 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
-}
-
-/// The numeric value of a resourceVersion (etcd revisions are increasing integers; 0 when it is
-/// not a number).
-pub fn rv_of<K: Resource>(obj: &K) -> u64 {
-    obj.meta()
-        .resource_version
-        .as_deref()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// A reflector's store, with the highest resourceVersion it has seen and whether its first list
@@ -111,7 +101,7 @@ where
     let stream = watcher(api, config).default_backoff().reflect(writer);
     let task = tokio::spawn(stream.for_each(move |event| {
         let bump = |o: &K| {
-            wm.fetch_max(rv_of(o), Ordering::AcqRel);
+            wm.fetch_max(resource_version(o.meta()), Ordering::AcqRel);
         };
         match &event {
             Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o) | watcher::Event::InitApply(o)) => {

@@ -184,7 +184,7 @@ impl std::fmt::Display for Diagnostic {
 
 /// The result of a merge, as one importing cluster sees it. Every list is sorted.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct MergePlan {
+pub struct MergeOutput {
     pub importing_cluster: Option<ClusterId>,
     /// The ServiceImports of the importing cluster, sorted by namespace/name.
     pub service_imports: Vec<ServiceImport>,
@@ -201,13 +201,13 @@ pub struct MergePlan {
 /// ServiceImports; their ClusterSet IPs are kept while they stay valid.
 ///
 /// Snapshots with the same cluster id are combined into one cluster (and reported in
-/// [`MergePlan::diagnostics`]); so are duplicate objects within a cluster.
+/// [`MergeOutput::diagnostics`]); so are duplicate objects within a cluster.
 pub fn merge(
     snapshots: &[ClusterSnapshot],
     config: &ClusterSetConfig,
     importing: &ClusterId,
     existing: &[ServiceImport],
-) -> MergePlan {
+) -> MergeOutput {
     let mut diagnostics = Vec::new();
     let clusters = exports::index_clusters(snapshots, &mut diagnostics);
     let (by_service, invalid_statuses) = exports::collect(&clusters);
@@ -270,7 +270,7 @@ pub fn merge(
         .into_iter()
         .peekable();
 
-    let mut plan = MergePlan {
+    let mut plan = MergeOutput {
         importing_cluster: Some(importing.clone()),
         ..Default::default()
     };

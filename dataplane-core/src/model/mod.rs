@@ -305,6 +305,15 @@ pub fn key(meta: &ObjectMeta) -> Key<'_> {
     )
 }
 
+/// The numeric value of an object's resourceVersion (etcd revisions are increasing integers; 0
+/// when it is missing or not a number): what tells a write from the watch event it causes.
+pub fn resource_version(meta: &ObjectMeta) -> u64 {
+    meta.resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Kubernetes' default ClientIP session-affinity timeout (3 hours), used when an import has
 /// `ClientIP` affinity without a timeout.
 pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10800;

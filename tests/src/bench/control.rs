@@ -20,7 +20,7 @@ use dataplane_agent::bpf::{
 };
 use dataplane_core::{
     lb::{self, FrontendAddr, LbTable, Protocol},
-    merge::{self, ClusterSetConfig, MergePlan},
+    merge::{self, ClusterSetConfig, MergeOutput},
     model::{EndpointSlice, LABEL_SOURCE_CLUSTER, NamespacedName},
     synthetic::{self, Shape},
 };
@@ -143,13 +143,13 @@ fn importing() -> dataplane_core::model::ClusterId {
     synthetic::cluster_id(0)
 }
 
-fn plan_for(shape: Shape) -> MergePlan {
+fn plan_for(shape: Shape) -> MergeOutput {
     let snapshots = synthetic::member_snapshots(shape);
     merge::merge(&snapshots, &ClusterSetConfig::default(), &importing(), &[])
 }
 
 /// Times `runs` full merges and lb builds; returns the last plan and table too.
-fn merge_and_build(shape: Shape, runs: usize) -> (MergeTiming, MergePlan, LbTable) {
+fn merge_and_build(shape: Shape, runs: usize) -> (MergeTiming, MergeOutput, LbTable) {
     let snapshots = synthetic::member_snapshots(shape);
     let config = ClusterSetConfig::default();
     let (mut merges, mut builds, mut totals) = (Vec::new(), Vec::new(), Vec::new());
@@ -298,7 +298,7 @@ fn memory_of(pid: u32) -> anyhow::Result<(f64, f64)> {
 }
 
 /// The first port's frontend of each service, by service.
-fn first_frontends(plan: &MergePlan) -> BTreeMap<NamespacedName, FeAddr> {
+fn first_frontends(plan: &MergeOutput) -> BTreeMap<NamespacedName, FeAddr> {
     let mut out = BTreeMap::new();
     for import in &plan.service_imports {
         let (Some(ip), Some(port)) = (
@@ -324,7 +324,7 @@ fn first_frontends(plan: &MergePlan) -> BTreeMap<NamespacedName, FeAddr> {
 /// times `changes` EndpointSlice edits from the API write to the map write.
 fn event_to_map(
     shape: Shape,
-    plan: &MergePlan,
+    plan: &MergeOutput,
     changes: usize,
 ) -> anyhow::Result<(EventToMap, Rss)> {
     let topo = Topology::new(&[])?;
