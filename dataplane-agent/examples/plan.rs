@@ -10,7 +10,7 @@ fn main() -> anyhow::Result<()> {
         .next()
         .map(dataplane_core::model::ClusterId::new)
         .transpose()?;
-    let plan = dataplane_agent::plan::compute(dir.as_ref(), cluster.as_ref())?;
+    let plan = dataplane_agent::source::clusterset_dir::plan(dir.as_ref(), cluster.as_ref())?;
     print!("{}", plan.to_json());
     Ok(())
 }

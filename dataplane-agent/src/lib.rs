@@ -6,7 +6,6 @@
 pub mod bpf;
 pub mod cli;
 pub mod config;
-pub mod plan;
 pub mod roles;
 pub mod sink;
 pub mod source;

@@ -8,6 +8,7 @@
 //!   and their ordered backends, whole or service by service.
 //! - [`reconcile`]: the controller's decisions: the merge output against the observed objects
 //!   to the writes that make them agree.
+//! - [`plan`]: what `dataplane-agent plan` prints, and the standalone report.
 //! - [`explain`]: why a ClusterSet IP and port reach the clusters they do.
 //!
 //! Nothing here talks to an API server, the kernel, the file system or the network: those are
@@ -18,6 +19,7 @@ pub mod lb;
 pub mod manifest;
 pub mod merge;
 pub mod model;
+pub mod plan;
 pub mod reconcile;
 #[doc(hidden)]
 pub mod synthetic;

@@ -334,7 +334,7 @@ pub async fn run(
 
     match node {
         Some(node) => {
-            let (tx, rx) = node::channel();
+            let (tx, rx) = crate::source::feed::channel();
             let source = tokio::spawn(watch_node_inputs(
                 local.clone(),
                 local_client,
@@ -342,10 +342,15 @@ pub async fn run(
                 tx,
             ));
             let (m, h) = (metrics.clone(), health.clone());
-            node::run_with(node, rx, node::shutdown_signal(), move |report, elapsed| {
-                m.observe_map_sync(elapsed, report.failed.len());
-                h.set_ready();
-            })
+            node::run_with(
+                node,
+                rx,
+                super::shutdown_signal(),
+                move |report, elapsed| {
+                    m.observe_map_sync(elapsed, report.failed.len());
+                    h.set_ready();
+                },
+            )
             .await;
             if source.is_finished() {
                 error!("the ServiceImport/EndpointSlice source stopped");
@@ -355,7 +360,7 @@ pub async fn run(
         None => {
             // Nothing to wait for before serving: the controller retries on its own.
             health.set_ready();
-            node::shutdown_signal().await;
+            super::shutdown_signal().await;
         }
     }
     if let Some(control) = control {

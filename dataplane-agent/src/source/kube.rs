@@ -31,7 +31,7 @@ use serde::de::DeserializeOwned;
 use tokio::{sync::Notify, task::JoinHandle, time::Instant};
 use tracing::{debug, info, warn};
 
-use crate::{roles::node::ChangeSender, telemetry::metrics::Metrics};
+use crate::{source::feed::ChangeSender, telemetry::metrics::Metrics};
 use dataplane_core::{
     lb::inputs::{Change, strip_import, strip_slice},
     merge::ClusterSnapshot,
