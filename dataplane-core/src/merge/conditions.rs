@@ -130,6 +130,19 @@ pub enum ConflictReason {
 }
 
 impl ConflictReason {
+    /// Every reason, in the order they are joined.
+    pub const ALL: [ConflictReason; 9] = [
+        ConflictReason::Port,
+        ConflictReason::IpFamily,
+        ConflictReason::Type,
+        ConflictReason::SessionAffinity,
+        ConflictReason::SessionAffinityConfig,
+        ConflictReason::InternalTrafficPolicy,
+        ConflictReason::TrafficDistribution,
+        ConflictReason::Labels,
+        ConflictReason::Annotations,
+    ];
+
     /// The MCS API reason string.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -303,4 +316,20 @@ pub fn import_no_ip(import: &[IpFamily]) -> MergeCondition {
             show(import)
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ConflictReason;
+
+    #[test]
+    fn every_reason_is_listed_once_in_join_order() {
+        // The derived order is the declaration order, which is the join order.
+        assert!(ConflictReason::ALL.windows(2).all(|w| w[0] < w[1]));
+        let names: std::collections::BTreeSet<&str> =
+            ConflictReason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(names.len(), ConflictReason::ALL.len());
+        assert_eq!(ConflictReason::ALL[0].as_str(), "PortConflict");
+        assert_eq!(ConflictReason::ALL[8].as_str(), "AnnotationsConflict");
+    }
 }
