@@ -120,8 +120,8 @@ pub fn explain(
         .collect();
     for slice in slices {
         let labels = slice.metadata.labels.clone().unwrap_or_default();
-        if labels.get(LABEL_SERVICE_NAME) != Some(&owner.name)
-            || slice.metadata.namespace.as_deref().unwrap_or("default") != owner.namespace
+        if labels.get(LABEL_SERVICE_NAME).map(String::as_str) != Some(&*owner.name)
+            || slice.metadata.namespace.as_deref().unwrap_or("default") != &*owner.namespace
         {
             continue;
         }

@@ -18,7 +18,7 @@
 //!
 //! Conditions carry no `lastTransitionTime` (the merge has no clock).
 
-use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
+use std::{collections::BTreeMap, path::PathBuf};
 
 use serde_json::{Value, json};
 
@@ -26,7 +26,7 @@ use crate::{
     lb::{self, LbTable, LbWarning, inputs::Change},
     manifest::ManifestError,
     merge::MergeOutput,
-    model::ClusterId,
+    model::{ClusterId, Interner},
 };
 
 /// A ClusterSet merged for one importing cluster, with what could not be read: the input of
@@ -213,23 +213,12 @@ impl Merged {
 
     /// The node's inputs from this merge: the importing cluster's imports and imported slices,
     /// as one complete change.
-    pub fn change(&self) -> Change {
-        Change::Snapshot {
-            imports: self
-                .merge
-                .service_imports
-                .iter()
-                .cloned()
-                .map(Arc::new)
-                .collect(),
-            slices: self
-                .merge
-                .endpoint_slices
-                .iter()
-                .cloned()
-                .map(Arc::new)
-                .collect(),
-        }
+    pub fn change(&self, names: &Interner) -> Change {
+        Change::snapshot(
+            &self.merge.service_imports,
+            &self.merge.endpoint_slices,
+            names,
+        )
     }
 }
 

@@ -238,8 +238,8 @@ impl KubeSink {
                 let reference = ObjectReference {
                     api_version: Some(API_VERSION_V1BETA1.to_owned()),
                     kind: Some("ServiceExport".to_owned()),
-                    name: Some(export.name.clone()),
-                    namespace: Some(export.namespace.clone()),
+                    name: Some(export.name.to_string()),
+                    namespace: Some(export.namespace.to_string()),
                     uid: uid.clone(),
                     ..Default::default()
                 };

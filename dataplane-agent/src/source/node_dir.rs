@@ -1,9 +1,11 @@
 //! A node directory (`node --from-dir DIR`): YAML files holding the local cluster's
 //! ServiceImports and imported EndpointSlices, read whole and re-read after every change.
 
-use std::{path::Path, sync::Arc};
+use std::path::Path;
 
-use dataplane_core::model::{EndpointSlice, LABEL_SERVICE_NAME, NamespacedName, ServiceImport};
+use dataplane_core::model::{
+    EndpointSlice, Interner, LABEL_SERVICE_NAME, NamespacedName, ServiceImport,
+};
 use tracing::{error, warn};
 
 use super::{
@@ -20,12 +22,9 @@ pub struct NodeInputs {
 }
 
 impl NodeInputs {
-    /// The whole inputs as one change.
-    pub fn into_change(self) -> Change {
-        Change::Snapshot {
-            imports: self.imports.into_iter().map(Arc::new).collect(),
-            slices: self.slices.into_iter().map(Arc::new).collect(),
-        }
+    /// The whole inputs as one change, converted with `names`.
+    pub fn change(&self, names: &Interner) -> Change {
+        Change::snapshot(&self.imports, &self.slices, names)
     }
 }
 
@@ -82,13 +81,16 @@ pub async fn watch(dir: std::path::PathBuf, tx: ChangeSender) {
             None
         }
     };
+    let names = Interner::new();
     loop {
         match read(&dir) {
             Ok((inputs, errors)) => {
                 for e in &errors {
                     warn!("{e}");
                 }
-                if tx.send(inputs.into_change()).is_err() {
+                let change = inputs.change(&names);
+                names.purge();
+                if tx.send(change).is_err() {
                     return;
                 }
             }

@@ -22,14 +22,15 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     fmt,
     net::IpAddr,
+    sync::Arc,
 };
 
-use foldhash::{HashMap, HashMapExt};
 use serde::Serialize;
 
 use crate::model::{
-    ClusterId, DEFAULT_AFFINITY_TIMEOUT_S, EndpointSlice, IpFamily, Key, LABEL_SERVICE_NAME,
-    LABEL_SOURCE_CLUSTER, NamespacedName, ServiceImport, ServiceImportType, key, parse_ip,
+    ClusterId, DEFAULT_AFFINITY_TIMEOUT_S, EndpointSlice, IpFamily, NamespacedName, ServiceImport,
+    ServiceImportType,
+    records::{Converted, ImportRecord, ImportedSlice, PortProtocol},
 };
 
 /// An L4 protocol the socket load balancer translates.
@@ -48,6 +49,16 @@ impl Protocol {
             "TCP" => Ok(Protocol::Tcp),
             "UDP" => Ok(Protocol::Udp),
             other => Err(other.to_owned()),
+        }
+    }
+}
+
+impl Protocol {
+    /// The Kubernetes port protocol it is.
+    pub fn port_protocol(self) -> PortProtocol {
+        match self {
+            Protocol::Tcp => PortProtocol::Tcp,
+            Protocol::Udp => PortProtocol::Udp,
         }
     }
 }
@@ -128,253 +139,84 @@ impl LbTable {
     }
 }
 
-/// A usable endpoint of one slice, before port selection.
-#[derive(Clone, Copy)]
-struct SliceEndpoint {
-    ip: IpAddr,
-    ready: bool,
-    serving_terminating: bool,
-}
-
-/// An imported slice reduced to what routing needs. Port names borrow from the input.
-struct ImportedSlice<'a> {
-    cluster: ClusterId,
-    family: IpFamily,
-    /// (name, protocol, number), each (name, protocol) once. A handful per slice, so a list
-    /// scanned in order beats a map.
-    ports: Vec<(&'a str, Protocol, u16)>,
-    endpoints: Vec<SliceEndpoint>,
-    /// Whether any endpoint is ready: decides the serving+terminating fallback cheaply.
-    any_ready: bool,
-}
-
-impl ImportedSlice<'_> {
-    /// The slice's port number for a frontend port of this name and protocol.
-    fn port(&self, name: &str, protocol: Protocol) -> Option<u16> {
-        self.ports
-            .iter()
-            .find(|(n, p, _)| *n == name && *p == protocol)
-            .map(|(_, _, number)| *number)
-    }
-}
-
-fn parse_family(address_type: &str) -> Option<IpFamily> {
-    address_type.parse().ok()
-}
-
-/// The slices of each service (namespace, service-name label), borrowed from the input.
-type SlicesByService<'a> = HashMap<Key<'a>, Vec<ImportedSlice<'a>>>;
-
-/// Reads the slices of every service, skipping (and reporting) malformed ones.
-fn index_slices<'a>(
-    slices: impl IntoIterator<Item = &'a EndpointSlice>,
-    warnings: &mut Vec<LbWarning>,
-) -> SlicesByService<'a> {
-    let slices = slices.into_iter();
-    let mut by_service: SlicesByService<'a> = HashMap::with_capacity(slices.size_hint().0);
-    // Each source-cluster label value is checked and turned into a ClusterId once; the
-    // backends then share it.
-    let mut clusters: HashMap<&'a str, Result<ClusterId, String>> = HashMap::new();
-    for slice in slices {
-        let (namespace, slice_name) = key(&slice.metadata);
-        // The object is only named when something is wrong: no formatting on the good path.
-        let mut warn = |message: String| {
-            warnings.push(LbWarning {
-                object: format!("EndpointSlice {namespace}/{slice_name}"),
-                message,
-            })
-        };
-        let labels = slice.metadata.labels.as_ref();
-        let Some(service) = labels.and_then(|l| l.get(LABEL_SERVICE_NAME)) else {
-            warn(format!(
-                "no {LABEL_SERVICE_NAME} label; not an imported slice"
-            ));
-            continue;
-        };
-        let Some(raw_cluster) = labels.and_then(|l| l.get(LABEL_SOURCE_CLUSTER)) else {
-            warn(format!("no {LABEL_SOURCE_CLUSTER} label"));
-            continue;
-        };
-        let cluster = match clusters
-            .entry(raw_cluster.as_str())
-            .or_insert_with(|| ClusterId::new(raw_cluster.as_str()).map_err(|e| e.to_string()))
-        {
-            Ok(c) => c.clone(),
-            Err(e) => {
-                warn(e.clone());
-                continue;
-            }
-        };
-        let Some(family) = parse_family(&slice.address_type) else {
-            warn(format!(
-                "addressType {:?} is not IPv4 or IPv6",
-                slice.address_type
-            ));
-            continue;
-        };
-        let mut ports: Vec<(&str, Protocol, u16)> = Vec::new();
-        for p in slice.ports.iter().flatten() {
-            let name = p.name.as_deref().unwrap_or("");
-            let protocol = match Protocol::parse(p.protocol.as_deref()) {
-                Ok(proto) => proto,
-                Err(other) => {
-                    warn(format!(
-                        "port {name:?}: protocol {other} is not load-balanced at socket level"
-                    ));
-                    continue;
-                }
-            };
-            let Some(number) = p
-                .port
-                .and_then(|n| u16::try_from(n).ok())
-                .filter(|n| *n > 0)
-            else {
-                warn(format!(
-                    "port {name:?}: port {:?} is not in 1..65535",
-                    p.port
-                ));
-                continue;
-            };
-            match ports
-                .iter_mut()
-                .find(|(n, proto, _)| *n == name && *proto == protocol)
-            {
-                Some(existing) => {
-                    existing.2 = number;
-                    warn(format!(
-                        "port {name:?}/{protocol} appears twice; the last one is used"
-                    ));
-                }
-                None => ports.push((name, protocol, number)),
-            }
-        }
-        let mut endpoints = Vec::with_capacity(slice.endpoints.len());
-        for ep in &slice.endpoints {
-            let cond = ep.conditions.as_ref();
-            // EndpointConditions: a nil `ready` means ready, a nil `serving` means `ready`.
-            let ready = cond.and_then(|c| c.ready).unwrap_or(true);
-            let serving = cond.and_then(|c| c.serving).unwrap_or(ready);
-            let terminating = cond.and_then(|c| c.terminating).unwrap_or(false);
-            for addr in &ep.addresses {
-                match parse_ip(addr) {
-                    Some(ip) if IpFamily::of(&ip) == family => endpoints.push(SliceEndpoint {
-                        ip,
-                        ready,
-                        serving_terminating: serving && terminating,
-                    }),
-                    Some(ip) => warn(format!(
-                        "address {ip} does not match addressType {family}; skipped"
-                    )),
-                    None => warn(format!("address {addr:?} is not an IP address; skipped")),
-                }
-            }
-        }
-        // In address order: with the slices of a service in cluster order (below), a frontend's
-        // backends then usually come out sorted, and sorting them is a single check.
-        endpoints.sort_unstable_by_key(|e| e.ip);
-        by_service
-            .entry((namespace, service.as_str()))
-            .or_default()
-            .push(ImportedSlice {
-                cluster,
-                family,
-                ports,
-                any_ready: endpoints.iter().any(|e| e.ready),
-                endpoints,
-            });
-    }
-    for slices in by_service.values_mut() {
-        slices.sort_by(|a, b| a.cluster.cmp(&b.cluster));
-    }
-    by_service
-}
-
-/// One import per namespace/name, sorted by it. Of several imports with one namespace/name the
-/// one whose JSON is smallest is used (and the duplicate reported), so the choice does not
-/// depend on the input order.
-fn unique_imports<'a>(
-    imports: impl IntoIterator<Item = &'a ServiceImport>,
-    warnings: &mut Vec<LbWarning>,
-) -> Vec<(Key<'a>, &'a ServiceImport)> {
-    let mut sorted: Vec<(Key<'a>, &'a ServiceImport)> = imports
-        .into_iter()
-        .map(|si| (key(&si.metadata), si))
-        .collect();
-    sorted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    let json = |si: &ServiceImport| serde_json::to_string(si).unwrap_or_default();
-    let mut out: Vec<(Key<'a>, &'a ServiceImport)> = Vec::with_capacity(sorted.len());
-    for (k, si) in sorted {
-        match out.last_mut() {
-            Some((last, kept)) if *last == k => {
-                warnings.push(LbWarning {
-                    object: format!("ServiceImport {}/{}", k.0, k.1),
-                    message: "defined more than once; one definition is used".into(),
-                });
-                if json(si) < json(kept) {
-                    *kept = si;
-                }
-            }
-            _ => out.push((k, si)),
-        }
-    }
+/// The slices of one service, in cluster order (stable, so equal inputs give equal tables).
+fn by_cluster<'a>(slices: impl IntoIterator<Item = &'a ImportedSlice>) -> Vec<&'a ImportedSlice> {
+    let mut out: Vec<&ImportedSlice> = slices.into_iter().collect();
+    out.sort_by(|a, b| a.cluster.cmp(&b.cluster));
     out
 }
 
-/// Builds the table. The result depends only on the set of inputs, not on their order.
+/// Builds the table from the API objects (what `plan` and `explain` do): converts them into
+/// records and builds every service. The result depends only on the set of inputs, not on
+/// their order.
 pub fn build(imports: &[ServiceImport], slices: &[EndpointSlice]) -> LbTable {
-    let mut table = LbTable::default();
-    let slices_by_service = index_slices(slices, &mut table.warnings);
-    // Reused across frontends: the slices that serve the current one, with their port.
-    let mut serving: Vec<(&ImportedSlice<'_>, u16)> = Vec::new();
-
-    // Sorted, so a VIP claimed twice goes to the same import whatever the input order.
-    for ((namespace, name), si) in unique_imports(imports, &mut table.warnings) {
-        let service_slices = slices_by_service
-            .get(&(namespace, name))
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
-        let _claimed = build_import(
-            (namespace, name),
-            si,
-            service_slices,
-            &mut table.vips,
-            &mut table.warnings,
-            &mut serving,
-            |addr, fe| {
-                table.frontends.insert(addr, fe);
-            },
-        );
+    let names = crate::model::Interner::new();
+    let mut inputs = inputs::InputIndex::default();
+    let mut table_warnings = Vec::new();
+    let mut dirty = BTreeSet::new();
+    let imports: Vec<_> = imports
+        .iter()
+        .map(|si| Arc::new(ImportRecord::from_k8s(si, &names, false)))
+        .collect();
+    let mut filed = Vec::with_capacity(slices.len());
+    for slice in slices {
+        let converted = ImportedSlice::from_k8s(slice, &names);
+        if converted.service.is_none() {
+            // A slice of no service: reported here, as no service's part carries it.
+            table_warnings.extend(warnings_of(&converted, "EndpointSlice"));
+        } else {
+            filed.push(Arc::new(converted));
+        }
     }
+    inputs.apply(
+        inputs::Change::Snapshot {
+            imports,
+            slices: filed,
+        },
+        &mut dirty,
+    );
+    let mut state = LbState::default();
+    state.update(inputs.services(), |s| inputs.inputs(s));
+    let mut table = state.into_table();
+    table.warnings.extend(table_warnings);
     table.warnings.sort();
     table.warnings.dedup();
     table
 }
 
+/// The warnings of a converted object, named `kind namespace/name`.
+fn warnings_of<'a, T>(c: &'a Converted<T>, kind: &str) -> impl Iterator<Item = LbWarning> + 'a {
+    let object = format!("{kind} {}", c.id);
+    c.warnings.iter().map(move |message| LbWarning {
+        object: object.clone(),
+        message: message.clone(),
+    })
+}
+
 /// The frontends and VIPs of one import (the one kept for its namespace/name), given the
-/// slices of its service. A VIP already in `claimed` (claimed by an import earlier in sorted
-/// order) is skipped; the VIPs this import gets are added to `claimed` and returned, and every
-/// frontend is handed to `emit`.
-fn build_import<'s, 'a: 's>(
-    (namespace, name): Key<'_>,
-    si: &ServiceImport,
-    service_slices: &'s [ImportedSlice<'a>],
+/// slices of its service in cluster order. A VIP already in `claimed` (claimed by an import
+/// earlier in sorted order) is skipped; the VIPs this import gets are added to `claimed` and
+/// returned, and every frontend is handed to `emit`.
+fn build_import<'s>(
+    si: &ImportRecord,
+    service_slices: &[&'s ImportedSlice],
     claimed: &mut BTreeMap<IpAddr, NamespacedName>,
     warnings: &mut Vec<LbWarning>,
-    serving: &mut Vec<(&'s ImportedSlice<'a>, u16)>,
+    serving: &mut Vec<(&'s ImportedSlice, u16)>,
     mut emit: impl FnMut(FrontendAddr, Frontend),
 ) -> Vec<(IpFamily, IpAddr)> {
-    if si.spec.type_ == ServiceImportType::Headless {
+    if si.type_ == ServiceImportType::Headless {
         return Vec::new();
     }
+    let service = &si.service;
     let mut warn = |message: String| {
         warnings.push(LbWarning {
-            object: format!("ServiceImport {namespace}/{name}"),
+            object: format!("ServiceImport {service}"),
             message,
         })
     };
-    let affinity_timeout_s = (si.spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
-        si.spec
-            .session_affinity_config
+    let affinity_timeout_s = (si.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+        si.session_affinity_config
             .as_ref()
             .and_then(|c| c.client_ip.as_ref())
             .and_then(|c| c.timeout_seconds)
@@ -384,13 +226,9 @@ fn build_import<'s, 'a: 's>(
     });
     // ips[i] is the VIP of ipFamilies[i]; when ipFamilies is empty each IP's own family counts.
     let mut vips: Vec<(IpFamily, IpAddr)> = Vec::new();
-    for (i, raw) in si.spec.ips.iter().enumerate() {
-        let Some(ip) = parse_ip(raw) else {
-            warn(format!("ips[{i}] {raw:?} is not an IP address; skipped"));
-            continue;
-        };
+    for (i, &ip) in si.ips.iter().enumerate() {
         let family = IpFamily::of(&ip);
-        if let Some(declared) = si.spec.ip_families.get(i)
+        if let Some(declared) = si.ip_families.get(i)
             && *declared != family
         {
             warn(format!(
@@ -413,8 +251,8 @@ fn build_import<'s, 'a: 's>(
 
     // (name, protocol, number); a Service has a handful of ports, so a list is enough to
     // find the (number, protocol) listed twice.
-    let mut ports: Vec<(&str, Protocol, u16)> = Vec::with_capacity(si.spec.ports.len());
-    for p in &si.spec.ports {
+    let mut ports: Vec<(&str, Protocol, u16)> = Vec::with_capacity(si.ports.len());
+    for p in &si.ports {
         let port_name = p.name_or_empty();
         let protocol = match Protocol::parse(p.protocol.as_deref()) {
             Ok(proto) => proto,
@@ -442,7 +280,6 @@ fn build_import<'s, 'a: 's>(
     if vips.is_empty() {
         return vips;
     }
-    let service = NamespacedName::new(namespace, name);
     for &(family, vip) in &vips {
         claimed.insert(vip, service.clone());
         for (port_name, protocol, number) in &ports {
@@ -451,23 +288,23 @@ fn build_import<'s, 'a: 's>(
                 service_slices
                     .iter()
                     .filter(|s| s.family == family)
-                    .filter_map(|s| Some((s, s.port(port_name, *protocol)?))),
+                    .filter_map(|s| Some((*s, s.port(port_name, protocol.port_protocol())?))),
             );
             // Ready endpoints; only when none is ready, the serving and terminating ones.
-            let any_ready = serving.iter().any(|(s, _)| s.any_ready);
+            let any_ready = serving.iter().any(|(s, _)| s.endpoints.any_ready());
             let mut backends: Vec<Backend> =
                 Vec::with_capacity(serving.iter().map(|(s, _)| s.endpoints.len()).sum());
             for (slice, target) in serving.iter() {
-                for ep in &slice.endpoints {
+                for ep in slice.endpoints.list() {
                     let usable = if any_ready {
-                        ep.ready
+                        ep.conditions.is_ready()
                     } else {
-                        ep.serving_terminating
+                        ep.conditions.is_serving_terminating()
                     };
                     if usable {
                         backends.push(Backend {
                             cluster: slice.cluster.clone(),
-                            ip: ep.ip,
+                            ip: ep.addr,
                             port: *target,
                         });
                     }

@@ -384,8 +384,8 @@ fn build_import(d: &Draft<'_>, ips: Vec<String>, ready: MergeCondition) -> Servi
     clusters.dedup();
     ServiceImport {
         metadata: ObjectMeta {
-            name: Some(d.service.name.clone()),
-            namespace: Some(d.service.namespace.clone()),
+            name: Some(d.service.name.to_string()),
+            namespace: Some(d.service.namespace.to_string()),
             labels: nonempty(&w.labels),
             annotations: nonempty(&w.annotations),
             ..Default::default()

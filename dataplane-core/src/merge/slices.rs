@@ -214,7 +214,7 @@ pub fn build(
             };
             // `<service>-<cluster>-<family>`, without the formatting machinery (once per slice).
             let mut base = String::with_capacity(service.name.len() + e.cluster.as_str().len() + 6);
-            for part in [service.name.as_str(), "-", e.cluster.as_str(), "-", suffix] {
+            for part in [&*service.name, "-", e.cluster.as_str(), "-", suffix] {
                 base.push_str(part);
             }
             let salt = || format!("{service}/{}", e.cluster);
@@ -249,7 +249,7 @@ fn slice(
     endpoints: Vec<Endpoint>,
 ) -> EndpointSlice {
     let labels = BTreeMap::from([
-        (LABEL_SERVICE_NAME.to_owned(), service.name.clone()),
+        (LABEL_SERVICE_NAME.to_owned(), service.name.to_string()),
         (
             LABEL_SOURCE_CLUSTER.to_owned(),
             e.cluster.as_str().to_owned(),
@@ -259,7 +259,7 @@ fn slice(
     EndpointSlice {
         metadata: ObjectMeta {
             name: Some(name),
-            namespace: Some(service.namespace.clone()),
+            namespace: Some(service.namespace.to_string()),
             labels: Some(labels),
             ..Default::default()
         },

@@ -182,9 +182,12 @@ pub struct ServiceImportStatus {
 
 mod crd;
 mod ip;
+pub mod name;
+pub mod records;
 
 pub use crd::{CRD_HEADER, crds, v1alpha1, v1beta1};
 pub use ip::{is_ipv4, parse_ip, parse_ipv4};
+pub use name::{Interner, Name};
 pub use v1beta1::{ServiceExport, ServiceExportSpec, ServiceImport, ServiceImportSpec};
 
 /// A cluster id: an RFC-1123 DNS label (lowercase alphanumerics and '-', 1..=63 characters,
@@ -261,6 +264,11 @@ impl ClusterId {
         &self.0
     }
 
+    /// The same id, sharing `names`' allocation of its text.
+    pub fn interned(self, names: &Interner) -> ClusterId {
+        ClusterId(names.intern(&self.0))
+    }
+
     /// The id's text, shared: map sync keeps it per backend without copying it.
     pub fn shared(&self) -> Arc<str> {
         Arc::clone(&self.0)
@@ -321,12 +329,12 @@ pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10800;
 /// Namespace and name of a namespaced object.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NamespacedName {
-    pub namespace: String,
-    pub name: String,
+    pub namespace: Name,
+    pub name: Name,
 }
 
 impl NamespacedName {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl Into<Name>, name: impl Into<Name>) -> Self {
         Self {
             namespace: namespace.into(),
             name: name.into(),
@@ -335,10 +343,8 @@ impl NamespacedName {
 
     /// The namespace/name of an object, with the namespace defaulted to `default`.
     pub fn of(meta: &ObjectMeta) -> Self {
-        Self::new(
-            meta.namespace.clone().unwrap_or_else(|| "default".into()),
-            meta.name.clone().unwrap_or_default(),
-        )
+        let (namespace, name) = key(meta);
+        Self::new(namespace, name)
     }
 }
 
