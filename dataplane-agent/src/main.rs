@@ -81,7 +81,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 }
                 (None, Some(dir)) => {
                     let merged = clusterset_dir::merge(dir, args.cluster.as_ref(), None)?;
-                    (merged.merge.service_imports, merged.merge.endpoint_slices)
+                    let m = merged.merge;
+                    (
+                        m.service_imports.iter().map(|r| r.to_k8s()).collect(),
+                        m.endpoint_slices.iter().map(|s| s.to_k8s()).collect(),
+                    )
                 }
                 (None, None) => anyhow::bail!("give --from-dir or --clusterset-dir"),
             };

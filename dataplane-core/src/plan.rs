@@ -23,10 +23,13 @@ use std::{collections::BTreeMap, path::PathBuf};
 use serde_json::{Value, json};
 
 use crate::{
-    lb::{self, LbTable, LbWarning, inputs::Change},
+    lb::{
+        self, LbTable, LbWarning,
+        inputs::{Change, record_input},
+    },
     manifest::ManifestError,
     merge::MergeOutput,
-    model::{ClusterId, Interner},
+    model::ClusterId,
 };
 
 /// A ClusterSet merged for one importing cluster, with what could not be read: the input of
@@ -55,7 +58,7 @@ pub struct Plan {
 impl Plan {
     /// The plan of a merge: builds its lb table.
     pub fn new(merged: Merged) -> Plan {
-        let lb = lb::build(&merged.merge.service_imports, &merged.merge.endpoint_slices);
+        let lb = lb::build_records(&merged.merge.service_imports, &merged.merge.endpoint_slices);
         Plan { merged, lb }
     }
 
@@ -96,7 +99,7 @@ impl Plan {
             "cluster": m.cluster,
             "serviceImports": m.imports(),
             "serviceExports": m.exports(),
-            "endpointSlices": Value::Array(m.merge.endpoint_slices.iter().map(to_value).collect()),
+            "endpointSlices": Value::Array(m.merge.endpoint_slices.iter().map(|s| to_value(&s.to_k8s())).collect()),
             "frontends": self.frontends(),
             "diagnostics": to_value(&self.diagnostics()),
         })
@@ -140,7 +143,13 @@ fn to_value<T: serde::Serialize>(v: &T) -> Value {
 
 impl Merged {
     fn imports(&self) -> Value {
-        Value::Array(self.merge.service_imports.iter().map(to_value).collect())
+        Value::Array(
+            self.merge
+                .service_imports
+                .iter()
+                .map(|si| to_value(&si.to_k8s()))
+                .collect(),
+        )
     }
 
     fn exports(&self) -> Value {
@@ -212,13 +221,24 @@ impl Merged {
     }
 
     /// The node's inputs from this merge: the importing cluster's imports and imported slices,
-    /// as one complete change.
-    pub fn change(&self, names: &Interner) -> Change {
-        Change::snapshot(
-            &self.merge.service_imports,
-            &self.merge.endpoint_slices,
-            names,
-        )
+    /// as one complete change. The records are shared, not copied.
+    pub fn change(&self) -> Change {
+        Change::Snapshot {
+            imports: self
+                .merge
+                .service_imports
+                .iter()
+                .cloned()
+                .map(record_input)
+                .collect(),
+            slices: self
+                .merge
+                .endpoint_slices
+                .iter()
+                .cloned()
+                .map(record_input)
+                .collect(),
+        }
     }
 }
 

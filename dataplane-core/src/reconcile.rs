@@ -35,7 +35,7 @@ use crate::{
     model::{
         ClusterId, Condition, EndpointSlice, FIELD_MANAGER, LABEL_APP_MANAGED_BY, MANAGED_BY,
         NamespacedName, ObjectMeta, ServiceExport, ServiceImport, ServiceImportStatus,
-        resource_version,
+        records::ImportRecord, resource_version,
     },
 };
 
@@ -128,7 +128,7 @@ pub fn desired(
     snapshots: &[ClusterSnapshot],
     config: &ClusterSetConfig,
     local: &ClusterId,
-    existing: &[ServiceImport],
+    existing: &[ImportRecord],
     withdrawn: &BTreeSet<ClusterId>,
     grace: Duration,
 ) -> MergeOutput {
@@ -274,9 +274,9 @@ pub fn reconcile(
         .collect();
     let mut wanted = HashSet::new();
     for si in &plan.service_imports {
-        let id = key(&si.metadata);
+        let id = si.service.clone();
         wanted.insert(id.clone());
-        let mut desired = si.clone();
+        let mut desired = si.to_k8s();
         desired
             .metadata
             .labels
@@ -322,6 +322,7 @@ pub fn reconcile(
         .collect();
     let mut wanted_slices = HashSet::new();
     for s in &plan.endpoint_slices {
+        let s = &s.to_k8s();
         let id = key(&s.metadata);
         wanted_slices.insert(id.clone());
         let agrees = observed_slices.get(&id).is_some_and(|o| {
@@ -548,16 +549,19 @@ mod tests {
         fn yaml<T: serde::de::DeserializeOwned>(s: &str) -> T {
             serde_yaml::from_str(s).expect("yaml")
         }
-        let snapshot = |cluster: &str, ip: &str| ClusterSnapshot {
-            cluster: ClusterId::new(cluster).expect("id"),
-            services: vec![yaml(
-                "metadata: {name: web, namespace: demo}\nspec: {ipFamilies: [IPv4], ports: [{name: http, port: 80}]}",
-            )],
-            service_exports: vec![yaml("metadata: {name: web, namespace: demo}")],
-            endpoint_slices: vec![yaml(&format!(
-                "metadata: {{name: web-x, namespace: demo, labels: {{kubernetes.io/service-name: web}}}}\n\
-                 addressType: IPv4\nendpoints: [{{addresses: [{ip}]}}]\nports: [{{name: http, port: 8080}}]"
-            ))],
+        let snapshot = |cluster: &str, ip: &str| {
+            ClusterSnapshot::from_k8s(
+                ClusterId::new(cluster).expect("id"),
+                &[yaml(
+                    "metadata: {name: web, namespace: demo}\nspec: {ipFamilies: [IPv4], ports: [{name: http, port: 80}]}",
+                )],
+                &[yaml("metadata: {name: web, namespace: demo}")],
+                &[yaml(&format!(
+                    "metadata: {{name: web-x, namespace: demo, labels: {{kubernetes.io/service-name: web}}}}\n\
+                     addressType: IPv4\nendpoints: [{{addresses: [{ip}]}}]\nports: [{{name: http, port: 8080}}]"
+                ))],
+                &crate::model::Interner::new(),
+            )
         };
         let snapshots = [snapshot("east", "10.1.0.1"), snapshot("west", "10.2.0.1")];
         let east = ClusterId::new("east").expect("id");
@@ -570,18 +574,12 @@ mod tests {
             &withdrawn,
             Duration::from_secs(300),
         );
-        let sources: Vec<_> = p
+        let sources: Vec<&str> = p
             .endpoint_slices
             .iter()
-            .map(|s| {
-                s.metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(crate::model::LABEL_SOURCE_CLUSTER))
-                    .cloned()
-            })
+            .map(|s| s.cluster.as_str())
             .collect();
-        assert_eq!(sources, [Some("east".to_owned())]);
+        assert_eq!(sources, ["east"]);
         let status = p.service_imports[0].status.as_ref().expect("status");
         assert_eq!(status.clusters.len(), 2, "west still exports");
         let ready = &status.conditions[0];

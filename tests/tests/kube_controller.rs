@@ -18,7 +18,7 @@ use dataplane_agent::{
 use dataplane_core::{
     merge::{ClusterSetConfig, ClusterSnapshot},
     model::{
-        ClusterId, EndpointSlice, FIELD_MANAGER, LABEL_APP_MANAGED_BY, LABEL_MANAGED_BY,
+        ClusterId, EndpointSlice, FIELD_MANAGER, Interner, LABEL_APP_MANAGED_BY, LABEL_MANAGED_BY,
         LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, MANAGED_BY, Service, ServiceExport,
         ServiceImport,
     },
@@ -694,27 +694,30 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
     let mut east_export: ServiceExport = serde_json::from_value(export("web", T_EAST))?;
     east_export.metadata.uid = Some("uid-east-web".into());
     let west_export: ServiceExport = serde_json::from_value(export("web", T_WEST))?;
+    let names = Interner::new();
     let snapshots = vec![
-        ClusterSnapshot {
-            cluster: id("east"),
-            services: vec![east_svc],
-            service_exports: vec![east_export.clone()],
-            endpoint_slices: vec![serde_json::from_value(local_slice(
+        ClusterSnapshot::from_k8s(
+            id("east"),
+            &[east_svc],
+            std::slice::from_ref(&east_export),
+            &[serde_json::from_value(local_slice(
                 "web",
                 "east",
                 &["10.1.0.1"],
             ))?],
-        },
-        ClusterSnapshot {
-            cluster: id("west"),
-            services: vec![west_svc],
-            service_exports: vec![west_export],
-            endpoint_slices: vec![serde_json::from_value(local_slice(
+            &names,
+        ),
+        ClusterSnapshot::from_k8s(
+            id("west"),
+            &[west_svc],
+            &[west_export],
+            &[serde_json::from_value(local_slice(
                 "web",
                 "west",
                 &["10.2.0.1"],
             ))?],
-        },
+            &names,
+        ),
     ];
     let plan = reconcile::desired(
         &snapshots,
@@ -741,7 +744,7 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
             ("Event", "create"),
         ]
     );
-    let si = plan.service_imports[0].clone();
+    let si = plan.service_imports[0].to_k8s();
     let ip = si.spec.ips[0].clone();
 
     let (client, mut verifier) = mock_client();
@@ -888,7 +891,11 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
     });
     let observed = Observed {
         imports: vec![Arc::new(written)],
-        slices: plan.endpoint_slices.iter().cloned().map(Arc::new).collect(),
+        slices: plan
+            .endpoint_slices
+            .iter()
+            .map(|s| Arc::new(s.to_k8s()))
+            .collect(),
         exports: vec![Arc::new(export_after)],
     };
     let later = Time("2026-03-01T13:00:00Z".parse()?);

@@ -705,7 +705,7 @@ fn stable_when_fed_back(dir: &Path, p: &plan::Plan, json: &str) -> Vec<String> {
         .merge
         .service_imports
         .iter()
-        .map(|si| serde_yaml::to_string(si).expect("yaml"))
+        .map(|si| serde_yaml::to_string(&si.to_k8s()).expect("yaml"))
         .collect();
     std::fs::write(sub.join("zz-imports.yaml"), docs.join("---\n")).expect("write");
     match clusterset_dir::plan(tmp.path(), Some(&p.merged.cluster)) {

@@ -33,7 +33,8 @@ use crate::{
 use dataplane_core::{
     merge::{ClusterSetConfig, ClusterSnapshot},
     model::{
-        ClusterId, EndpointSlice, NamespacedName, ServiceExport, ServiceImport, resource_version,
+        ClusterId, EndpointSlice, Interner, NamespacedName, ServiceExport, ServiceImport,
+        records::ImportRecord, resource_version,
     },
     reconcile::{Action, Observed, conflict_counts, desired, reconcile},
 };
@@ -282,7 +283,8 @@ impl Pass {
             }
             self.withdrawn = withdrawn.clone();
         }
-        let snapshots: Vec<ClusterSnapshot> = watches.iter().map(MemberWatch::snapshot).collect();
+        let names = Interner::new();
+        let snapshots: Vec<ClusterSnapshot> = watches.iter().map(|w| w.snapshot(&names)).collect();
         let Some(local) = watches.iter().find(|w| w.cluster == settings.local) else {
             return 0;
         };
@@ -291,7 +293,11 @@ impl Pass {
             slices: self.slices.view(&writes.slices),
             exports: self.exports.view(&local.exports),
         };
-        let existing: Vec<ServiceImport> = observed.imports.iter().map(|o| (**o).clone()).collect();
+        let existing: Vec<ImportRecord> = observed
+            .imports
+            .iter()
+            .filter_map(|o| ImportRecord::from_k8s(o, &names, false).record)
+            .collect();
         let plan = desired(
             &snapshots,
             &settings.clusterset,

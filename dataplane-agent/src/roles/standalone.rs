@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use dataplane_core::{
     merge::conditions::{ConditionStatus, ConditionType},
-    model::{ClusterId, Interner, ServiceImport},
+    model::{ClusterId, records::ImportRecord},
     plan::Merged,
 };
 use tracing::{error, info, warn};
@@ -68,12 +68,11 @@ pub async fn run(settings: Standalone, loader: &LoaderConfig) -> Result<(), Stan
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     let mut merged = Ok(first);
-    let mut previous: Option<Vec<ServiceImport>> = None;
-    let names = Interner::new();
+    let mut previous: Option<Vec<ImportRecord>> = None;
     loop {
         match merged {
             Ok(m) => {
-                apply(&mut node, &m, settings.report.as_deref(), &names);
+                apply(&mut node, &m, settings.report.as_deref());
                 previous = Some(m.merge.service_imports);
             }
             // Keep routing the last good merge: a broken clusterset.yaml must not empty the maps.
@@ -107,9 +106,8 @@ pub async fn run(settings: Standalone, loader: &LoaderConfig) -> Result<(), Stan
 }
 
 /// Hands one merge to the node and writes the report.
-fn apply(node: &mut Node, merged: &Merged, report: Option<&Path>, names: &Interner) {
-    node.apply([merged.change(names)]);
-    names.purge();
+fn apply(node: &mut Node, merged: &Merged, report: Option<&Path>) {
+    node.apply([merged.change()]);
     let lb_warnings = node.lb_warnings();
     for d in merged.diagnostics(lb_warnings) {
         warn!(

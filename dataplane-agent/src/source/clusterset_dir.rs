@@ -32,7 +32,9 @@ use serde::Deserialize;
 use super::manifests::{Manifest, ManifestError, parse_documents, yaml_files};
 use dataplane_core::{
     merge::{self, ClusterSetCidrs, ClusterSetConfig, ClusterSnapshot, IpFamilyPolicy},
-    model::{ClusterId, InvalidClusterId, IpFamily, NamespacedName, ServiceImport},
+    model::{
+        ClusterId, Interner, InvalidClusterId, IpFamily, NamespacedName, records::ImportRecord,
+    },
     plan::{Merged, Plan},
 };
 
@@ -184,7 +186,7 @@ pub struct ClusterSetDir {
     /// One per cluster directory, sorted by cluster id.
     pub snapshots: Vec<ClusterSnapshot>,
     /// ServiceImports found in each cluster's directory (that cluster's current imports).
-    pub imports: BTreeMap<ClusterId, Vec<ServiceImport>>,
+    pub imports: BTreeMap<ClusterId, Vec<ImportRecord>>,
     /// Documents that could not be used, sorted by file and document.
     pub errors: Vec<ManifestError>,
     /// The file each object came from, keyed by cluster and `Kind namespace/name` (the
@@ -254,6 +256,7 @@ pub fn read(dir: &Path) -> Result<ClusterSetDir, ClusterSetDirError> {
     for (cluster, path) in cluster_dirs {
         let mut snap = ClusterSnapshot::empty(cluster.clone());
         let mut imports = Vec::new();
+        let names = Interner::new();
         for file in yaml_files(&path).map_err(io(&path))? {
             let text = match std::fs::read_to_string(&file) {
                 Ok(t) => t,
@@ -284,11 +287,8 @@ pub fn read(dir: &Path) -> Result<ClusterSetDir, ClusterSetDirError> {
                 if file < *source {
                     *source = file.clone();
                 }
-                match m {
-                    Manifest::Service(o) => snap.services.push(*o),
-                    Manifest::ServiceExport(o) => snap.service_exports.push(*o),
-                    Manifest::ServiceImport(o) => imports.push(*o),
-                    Manifest::EndpointSlice(o) => snap.endpoint_slices.push(*o),
+                if let Some(si) = snap.add_manifest(m, &names) {
+                    imports.extend(ImportRecord::from_k8s(&si, &names, true).record);
                 }
             }
         }
@@ -373,7 +373,7 @@ pub fn plan(dir: &Path, cluster: Option<&ClusterId>) -> Result<Plan, PlanError> 
 pub fn merge(
     dir: &Path,
     cluster: Option<&ClusterId>,
-    current_imports: Option<&[ServiceImport]>,
+    current_imports: Option<&[ImportRecord]>,
 ) -> Result<Merged, PlanError> {
     let read = read(dir)?;
     let cluster = match cluster {

@@ -273,13 +273,11 @@ impl MemberWatch {
     }
 
     /// The member's objects as the merge takes them.
-    pub fn snapshot(&self) -> ClusterSnapshot {
-        ClusterSnapshot {
-            cluster: self.cluster.clone(),
-            services: owned(self.services.objects()),
-            service_exports: owned(self.exports.objects()),
-            endpoint_slices: owned(self.slices.objects()),
-        }
+    pub fn snapshot(&self, names: &Interner) -> ClusterSnapshot {
+        let services: Vec<Service> = owned(self.services.objects());
+        let exports: Vec<ServiceExport> = owned(self.exports.objects());
+        let slices: Vec<EndpointSlice> = owned(self.slices.objects());
+        ClusterSnapshot::from_k8s(self.cluster.clone(), &services, &exports, &slices, names)
     }
 }
 

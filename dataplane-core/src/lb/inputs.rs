@@ -70,6 +70,42 @@ impl Change {
     }
 }
 
+/// A record the merge made, filed as the node files converted objects.
+pub fn record_input<T: Record>(record: T) -> Arc<Converted<T>> {
+    Arc::new(Converted {
+        id: record.id(),
+        service: Some(record.service().clone()),
+        record: Some(record),
+        warnings: Box::default(),
+    })
+}
+
+/// What the index needs to know of a record to file it.
+pub trait Record {
+    /// The object's namespace/name.
+    fn id(&self) -> NamespacedName;
+    /// The service it belongs to.
+    fn service(&self) -> &NamespacedName;
+}
+
+impl Record for ImportRecord {
+    fn id(&self) -> NamespacedName {
+        self.service.clone()
+    }
+    fn service(&self) -> &NamespacedName {
+        &self.service
+    }
+}
+
+impl Record for ImportedSlice {
+    fn id(&self) -> NamespacedName {
+        NamespacedName::new(self.service.namespace.clone(), self.name.clone())
+    }
+    fn service(&self) -> &NamespacedName {
+        &self.service
+    }
+}
+
 /// A ServiceImport converted for the node (status, labels and annotations dropped).
 pub fn import_input(si: &ServiceImport, names: &Interner) -> ImportInput {
     Arc::new(ImportRecord::from_k8s(si, names, false))

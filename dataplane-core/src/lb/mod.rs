@@ -22,7 +22,6 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     fmt,
     net::IpAddr,
-    sync::Arc,
 };
 
 use serde::Serialize;
@@ -146,39 +145,50 @@ fn by_cluster<'a>(slices: impl IntoIterator<Item = &'a ImportedSlice>) -> Vec<&'
     out
 }
 
-/// Builds the table from the API objects (what `plan` and `explain` do): converts them into
-/// records and builds every service. The result depends only on the set of inputs, not on
-/// their order.
+/// Builds the table from the API objects (what `explain` does from a node directory):
+/// converts them into records and builds every service. The result depends only on the set of
+/// inputs, not on their order.
 pub fn build(imports: &[ServiceImport], slices: &[EndpointSlice]) -> LbTable {
     let names = crate::model::Interner::new();
-    let mut inputs = inputs::InputIndex::default();
-    let mut table_warnings = Vec::new();
-    let mut dirty = BTreeSet::new();
-    let imports: Vec<_> = imports
-        .iter()
-        .map(|si| Arc::new(ImportRecord::from_k8s(si, &names, false)))
-        .collect();
+    let mut unfiled = Vec::new();
     let mut filed = Vec::with_capacity(slices.len());
     for slice in slices {
-        let converted = ImportedSlice::from_k8s(slice, &names);
+        let converted = inputs::slice_input(slice, &names);
         if converted.service.is_none() {
             // A slice of no service: reported here, as no service's part carries it.
-            table_warnings.extend(warnings_of(&converted, "EndpointSlice"));
+            unfiled.extend(warnings_of(&converted, "EndpointSlice"));
         } else {
-            filed.push(Arc::new(converted));
+            filed.push(converted);
         }
     }
-    inputs.apply(
-        inputs::Change::Snapshot {
-            imports,
-            slices: filed,
-        },
-        &mut dirty,
-    );
+    let imports = imports
+        .iter()
+        .map(|si| inputs::import_input(si, &names))
+        .collect();
+    build_inputs(imports, filed, unfiled)
+}
+
+/// Builds the table from records (what `plan` does with a merge's output).
+pub fn build_records(imports: &[ImportRecord], slices: &[ImportedSlice]) -> LbTable {
+    build_inputs(
+        imports.iter().cloned().map(inputs::record_input).collect(),
+        slices.iter().cloned().map(inputs::record_input).collect(),
+        Vec::new(),
+    )
+}
+
+fn build_inputs(
+    imports: Vec<inputs::ImportInput>,
+    slices: Vec<inputs::SliceInput>,
+    warnings: Vec<LbWarning>,
+) -> LbTable {
+    let mut index = inputs::InputIndex::default();
+    let mut dirty = BTreeSet::new();
+    index.apply(inputs::Change::Snapshot { imports, slices }, &mut dirty);
     let mut state = LbState::default();
-    state.update(inputs.services(), |s| inputs.inputs(s));
+    state.update(index.services(), |s| index.inputs(s));
     let mut table = state.into_table();
-    table.warnings.extend(table_warnings);
+    table.warnings.extend(warnings);
     table.warnings.sort();
     table.warnings.dedup();
     table

@@ -22,14 +22,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use foldhash::{HashMap, HashMapExt};
-use std::net::IpAddr;
-
 use k8s_openapi::jiff::Timestamp;
 
-use super::{Diagnostic, ExportStatus, conditions};
+use super::{ClusterSnapshot, Diagnostic, ExportStatus, conditions};
 use crate::model::{
-    ClusterId, EndpointSlice, IpFamily, Key, LABEL_K8S_SERVICE_NAME, NamespacedName, Service,
-    ServiceExport, ServiceExportSpec, ServicePort, is_ipv4, key,
+    ClusterId, IpFamily, LABEL_K8S_SERVICE_NAME, NamespacedName, ServicePort,
+    member::{ExportRecord, LocalSlice, ServicePortSpec, ServiceRecord},
+    name::Name,
 };
 
 /// Reason of `Valid=False` for a Service whose ports are malformed.
@@ -41,36 +40,36 @@ pub const REASON_NO_SERVICE: &str = "NoService";
 /// Reason of `Valid=False` for a Service type that cannot be exported (MCS API).
 pub const REASON_INVALID_SERVICE_TYPE: &str = "InvalidServiceType";
 
-/// The objects of one cluster, keyed and deduplicated.
+/// The objects of one cluster, keyed by namespace/name and deduplicated.
 pub struct ClusterObjects<'a> {
-    pub services: HashMap<Key<'a>, &'a Service>,
-    pub exports: HashMap<Key<'a>, &'a ServiceExport>,
+    /// Services by namespace/name.
+    pub services: HashMap<&'a NamespacedName, &'a ServiceRecord>,
+    /// ServiceExports by namespace/name.
+    pub exports: HashMap<&'a NamespacedName, &'a ExportRecord>,
     /// Local slices by the Service they belong to, sorted by slice name.
-    pub slices: HashMap<Key<'a>, Vec<LocalSlice<'a>>>,
-}
-
-/// A local EndpointSlice and whether every address in it is an IP of its `addressType`
-/// (checked once here, so the import does not parse the addresses again).
-#[derive(Clone, Copy, Debug)]
-pub struct LocalSlice<'a> {
-    pub slice: &'a EndpointSlice,
-    pub clean: bool,
+    pub slices: HashMap<NamespacedName, Vec<&'a LocalSlice>>,
 }
 
 /// A valid export, ready to merge.
 #[derive(Debug)]
 pub struct Export<'a> {
+    /// The exporting cluster.
     pub cluster: &'a ClusterId,
-    pub service: &'a Service,
-    pub spec: &'a ServiceExportSpec,
+    /// Its Service.
+    pub service: &'a ServiceRecord,
+    /// Its ServiceExport.
+    pub spec: &'a ExportRecord,
+    /// The ServiceExport's creation time: older exports win.
     pub created: Option<Timestamp>,
     /// Normalised: no empty names or appProtocols, protocol always set.
     pub ports: Vec<ServicePort>,
     /// The Service's `ipFamilies`, else the address types of its local slices; may be empty
     /// when neither says anything.
     pub families: Vec<IpFamily>,
+    /// Whether the Service is headless.
     pub headless: bool,
-    pub local_slices: &'a [LocalSlice<'a>],
+    /// The Service's local slices, sorted by name.
+    pub local_slices: &'a [&'a LocalSlice],
 }
 
 impl Export<'_> {
@@ -80,11 +79,10 @@ impl Export<'_> {
     }
 }
 
-/// Picks one of several objects with the same key, independently of their order: the one
-/// whose JSON is smallest. Only duplicates pay for the serialisation.
-fn pick_duplicate<'a, T: serde::Serialize>(existing: &mut &'a T, new: &'a T) {
-    let key = |o: &T| serde_json::to_string(o).unwrap_or_default();
-    if key(new) < key(existing) {
+/// Picks one of several records with the same namespace/name, independently of their order:
+/// the smallest.
+fn pick_duplicate<'a, T: Ord>(existing: &mut &'a T, new: &'a T) {
+    if new < *existing {
         *existing = new;
     }
 }
@@ -92,7 +90,7 @@ fn pick_duplicate<'a, T: serde::Serialize>(existing: &mut &'a T, new: &'a T) {
 /// Keys every cluster's objects, combining snapshots of one cluster and reporting duplicates and
 /// malformed local EndpointSlices.
 pub fn index_clusters<'a>(
-    snapshots: &'a [super::ClusterSnapshot],
+    snapshots: &'a [ClusterSnapshot],
     diagnostics: &mut Vec<Diagnostic>,
 ) -> BTreeMap<&'a ClusterId, ClusterObjects<'a>> {
     let mut out: BTreeMap<&ClusterId, ClusterObjects<'_>> = BTreeMap::new();
@@ -106,52 +104,40 @@ pub fn index_clusters<'a>(
             });
         }
         let objs = out.entry(&snap.cluster).or_insert_with(|| ClusterObjects {
-            services: HashMap::new(),
-            exports: HashMap::new(),
-            slices: HashMap::new(),
+            services: HashMap::with_capacity(snap.services.len()),
+            exports: HashMap::with_capacity(snap.service_exports.len()),
+            slices: HashMap::with_capacity(snap.endpoint_slices.len()),
         });
-        // Sized up front: growing a table of 10,000 keys rehashes it a dozen times.
-        objs.services.reserve(snap.services.len());
-        objs.exports.reserve(snap.service_exports.len());
-        objs.slices.reserve(snap.endpoint_slices.len());
-        let dup = |kind: &str, (ns, name): Key<'_>| Diagnostic {
+        let dup = |kind: &str, id: &NamespacedName| Diagnostic {
             cluster: Some(snap.cluster.clone()),
-            object: format!("{kind} {ns}/{name}"),
+            object: format!("{kind} {id}"),
             message: "defined more than once; one definition is used".into(),
         };
         for svc in &snap.services {
-            let id = key(&svc.metadata);
-            match objs.services.get_mut(&id) {
+            match objs.services.get_mut(&svc.id) {
                 Some(existing) => {
-                    diagnostics.push(dup("Service", id));
+                    diagnostics.push(dup("Service", &svc.id));
                     pick_duplicate(existing, svc);
                 }
                 None => {
-                    objs.services.insert(id, svc);
+                    objs.services.insert(&svc.id, svc);
                 }
             }
         }
         for se in &snap.service_exports {
-            let id = key(&se.metadata);
-            match objs.exports.get_mut(&id) {
+            match objs.exports.get_mut(&se.id) {
                 Some(existing) => {
-                    diagnostics.push(dup("ServiceExport", id));
+                    diagnostics.push(dup("ServiceExport", &se.id));
                     pick_duplicate(existing, se);
                 }
                 None => {
-                    objs.exports.insert(id, se);
+                    objs.exports.insert(&se.id, se);
                 }
             }
         }
         for slice in &snap.endpoint_slices {
-            let id = key(&slice.metadata);
-            let object = || format!("EndpointSlice {}/{}", id.0, id.1);
-            let Some(svc) = slice
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(LABEL_K8S_SERVICE_NAME))
-            else {
+            let object = || format!("EndpointSlice {}", slice.id);
+            let Some(svc) = &slice.service else {
                 diagnostics.push(Diagnostic {
                     cluster: Some(snap.cluster.clone()),
                     object: object(),
@@ -159,99 +145,52 @@ pub fn index_clusters<'a>(
                 });
                 continue;
             };
-            let (problems, clean) = check_slice(slice);
-            for message in problems {
+            for message in &slice.problems {
                 diagnostics.push(Diagnostic {
                     cluster: Some(snap.cluster.clone()),
                     object: object(),
-                    message,
+                    message: message.clone(),
                 });
             }
-            let list = objs.slices.entry((id.0, svc.as_str())).or_default();
+            let service = NamespacedName::new(slice.id.namespace.clone(), Name::clone(svc));
+            let list = objs.slices.entry(service).or_default();
             // Same namespace (part of the key), so the name identifies the slice.
-            match list
-                .iter_mut()
-                .find(|s| s.slice.metadata.name == slice.metadata.name)
-            {
+            match list.iter_mut().find(|s| s.id.name == slice.id.name) {
                 Some(existing) => {
-                    diagnostics.push(dup("EndpointSlice", id));
-                    let before = existing.slice;
-                    pick_duplicate(&mut existing.slice, slice);
-                    if !std::ptr::eq(before, existing.slice) {
-                        existing.clean = clean;
-                    }
+                    diagnostics.push(dup("EndpointSlice", &slice.id));
+                    pick_duplicate_slice(existing, slice);
                 }
-                None => list.push(LocalSlice { slice, clean }),
+                None => list.push(slice),
             }
         }
     }
     for objs in out.values_mut() {
         for list in objs.slices.values_mut() {
-            list.sort_by(|a, b| a.slice.metadata.name.cmp(&b.slice.metadata.name));
+            list.sort_by(|a, b| a.id.name.cmp(&b.id.name));
         }
     }
     out
 }
 
-/// The family of a local slice's `addressType`, `None` for FQDN and unknown types.
-pub fn slice_family(slice: &EndpointSlice) -> Option<IpFamily> {
-    slice.address_type.parse().ok()
-}
-
-/// Problems of a local EndpointSlice (the bad addresses are skipped by the merge), and whether
-/// all its addresses are good.
-fn check_slice(slice: &EndpointSlice) -> (Vec<String>, bool) {
-    let Some(family) = slice_family(slice) else {
-        let problem = format!(
-            "addressType {:?} is not imported (only IPv4 and IPv6 are)",
-            slice.address_type
-        );
-        return (vec![problem], false);
-    };
-    let mut problems = Vec::new();
-    for ep in &slice.endpoints {
-        for addr in &ep.addresses {
-            if family == IpFamily::IPv4 && is_ipv4(addr) {
-                continue;
-            }
-            match addr.parse::<IpAddr>() {
-                Ok(ip) if IpFamily::of(&ip) != family => problems.push(format!(
-                    "address {addr} does not match addressType {family}; skipped"
-                )),
-                Ok(_) => {}
-                Err(_) => problems.push(format!("address {addr:?} is not an IP address; skipped")),
-            }
-        }
+/// [`pick_duplicate`] for slices, which are not ordered: by their debug text, only ever
+/// computed for duplicates.
+fn pick_duplicate_slice<'a>(existing: &mut &'a LocalSlice, new: &'a LocalSlice) {
+    if format!("{new:?}") < format!("{existing:?}") {
+        *existing = new;
     }
-    let clean = problems.is_empty();
-    for p in slice.ports.iter().flatten() {
-        if !p.port.is_some_and(|n| (1..=65535).contains(&n)) {
-            problems.push(format!(
-                "port {:?}: {:?} is not in 1..65535; skipped",
-                p.name.as_deref().unwrap_or(""),
-                p.port
-            ));
-        }
-    }
-    (problems, clean)
-}
-
-/// An address of a local slice that the merge may import: an IP of the slice's family.
-pub fn usable_address(addr: &str, family: IpFamily) -> bool {
-    (family == IpFamily::IPv4 && is_ipv4(addr))
-        || addr
-            .parse::<IpAddr>()
-            .is_ok_and(|ip| IpFamily::of(&ip) == family)
 }
 
 /// Valid exports by service, sorted by namespace/name (each list in precedence order, oldest
 /// first), and the statuses of the invalid ones (unsorted).
 pub fn collect<'a>(
     clusters: &'a BTreeMap<&'a ClusterId, ClusterObjects<'a>>,
-) -> (Vec<(Key<'a>, Vec<Export<'a>>)>, Vec<ExportStatus>) {
+) -> (
+    Vec<(&'a NamespacedName, Vec<Export<'a>>)>,
+    Vec<ExportStatus>,
+) {
     // Grouped by hash, then only the services are sorted (not every export).
     // At least as many services as the largest cluster exports.
-    let mut by_service: HashMap<Key<'a>, Vec<Export<'a>>> = HashMap::with_capacity(
+    let mut by_service: HashMap<&'a NamespacedName, Vec<Export<'a>>> = HashMap::with_capacity(
         clusters
             .values()
             .map(|o| o.exports.len())
@@ -261,19 +200,20 @@ pub fn collect<'a>(
     let mut statuses = Vec::new();
     for (cluster, objs) in clusters {
         for (k, se) in &objs.exports {
-            let slices: &[LocalSlice<'_>] = objs.slices.get(k).map(Vec::as_slice).unwrap_or(&[]);
+            let slices: &[&LocalSlice] = objs.slices.get(*k).map(Vec::as_slice).unwrap_or(&[]);
             match validate(cluster, objs.services.get(k).copied(), se, slices) {
                 Ok(export) => by_service.entry(*k).or_default().push(export),
                 Err((reason, message)) => statuses.push(ExportStatus {
                     cluster: (*cluster).clone(),
-                    service: NamespacedName::new(k.0, k.1),
+                    service: (*k).clone(),
                     conditions: conditions::invalid_export(&reason, &message),
                 }),
             }
         }
     }
-    let mut by_service: Vec<(Key<'a>, Vec<Export<'a>>)> = by_service.into_iter().collect();
-    by_service.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let mut by_service: Vec<(&'a NamespacedName, Vec<Export<'a>>)> =
+        by_service.into_iter().collect();
+    by_service.sort_unstable_by(|a, b| a.0.cmp(b.0));
     for (_, exports) in &mut by_service {
         exports.sort_by(|a, b| a.precedence().cmp(&b.precedence()));
     }
@@ -281,11 +221,11 @@ pub fn collect<'a>(
 }
 
 /// Checks one export; `Err((reason, message))` makes it `Valid=False`.
-fn validate<'a>(
+pub fn validate<'a>(
     cluster: &'a ClusterId,
-    service: Option<&'a Service>,
-    se: &'a ServiceExport,
-    local_slices: &'a [LocalSlice<'a>],
+    service: Option<&'a ServiceRecord>,
+    se: &'a ExportRecord,
+    local_slices: &'a [&'a LocalSlice],
 ) -> Result<Export<'a>, (String, String)> {
     let Some(service) = service else {
         return Err((
@@ -293,9 +233,7 @@ fn validate<'a>(
             "No Service of the same namespace/name exists in this cluster.".into(),
         ));
     };
-    let no_spec = k8s_openapi::api::core::v1::ServiceSpec::default();
-    let spec = service.spec.as_ref().unwrap_or(&no_spec);
-    match spec.type_.as_deref() {
+    match service.type_.as_deref() {
         None | Some("ClusterIP") | Some("NodePort") | Some("LoadBalancer") => {}
         Some("ExternalName") => {
             return Err((
@@ -312,7 +250,7 @@ fn validate<'a>(
     }
     let mut reasons = Vec::new();
     let mut messages = Vec::new();
-    let ports = match normalize_ports(spec.ports.as_deref().unwrap_or(&[])) {
+    let ports = match normalize_ports(&service.ports) {
         Ok(p) => p,
         Err(problems) => {
             reasons.push(REASON_INVALID_SERVICE_PORTS);
@@ -320,7 +258,7 @@ fn validate<'a>(
             Vec::new()
         }
     };
-    let declared = match parse_families(spec.ip_families.as_deref().unwrap_or(&[])) {
+    let declared = match parse_families(&service.ip_families) {
         Ok(f) => f,
         Err(problem) => {
             reasons.push(REASON_INVALID_IP_FAMILIES);
@@ -334,31 +272,25 @@ fn validate<'a>(
     let families = if declared.is_empty() {
         // No declared families: the address types of the Service's own slices say what it
         // serves. Sorted, so the result does not depend on the slices' order.
-        let set: BTreeSet<IpFamily> = local_slices
-            .iter()
-            .filter_map(|s| slice_family(s.slice))
-            .collect();
+        let set: BTreeSet<IpFamily> = local_slices.iter().filter_map(|s| s.ip_family()).collect();
         set.into_iter().collect()
     } else {
         declared
     };
-    let headless = spec.cluster_ip.as_deref() == Some("None");
     Ok(Export {
         cluster,
         service,
-        spec: &se.spec,
-        created: se.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        spec: se,
+        created: se.created,
         ports,
         families,
-        headless,
+        headless: service.headless,
         local_slices,
     })
 }
 
 /// Normalises a Service's ports, or lists every problem.
-pub fn normalize_ports(
-    ports: &[k8s_openapi::api::core::v1::ServicePort],
-) -> Result<Vec<ServicePort>, Vec<String>> {
+pub fn normalize_ports(ports: &[ServicePortSpec]) -> Result<Vec<ServicePort>, Vec<String>> {
     let mut out: Vec<ServicePort> = Vec::with_capacity(ports.len());
     let mut problems = Vec::new();
     for (i, p) in ports.iter().enumerate() {
@@ -392,7 +324,11 @@ pub fn normalize_ports(
         out.push(ServicePort {
             name: (!shown.is_empty()).then(|| shown.to_owned()),
             protocol: Some(protocol.to_owned()),
-            app_protocol: p.app_protocol.clone().filter(|a| !a.is_empty()),
+            app_protocol: p
+                .app_protocol
+                .as_deref()
+                .filter(|a| !a.is_empty())
+                .map(str::to_owned),
             port: p.port,
         });
     }
@@ -404,7 +340,7 @@ pub fn normalize_ports(
 }
 
 /// Parses `ipFamilies`: at most two, no duplicates, IPv4/IPv6 only.
-pub fn parse_families(raw: &[String]) -> Result<Vec<IpFamily>, String> {
+pub fn parse_families(raw: &[Name]) -> Result<Vec<IpFamily>, String> {
     if raw.len() > 2 {
         return Err(format!(
             "{} families given, at most 2 are allowed",

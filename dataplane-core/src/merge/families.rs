@@ -136,7 +136,6 @@ pub fn merge(exports: &[Export<'_>], policy: IpFamilyPolicy, local: &[IpFamily])
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Service, ServiceExportSpec};
     use IpFamily::{IPv4, IPv6};
 
     fn run(
@@ -147,8 +146,8 @@ mod tests {
         let ids: Vec<ClusterId> = (0..families.len())
             .map(|i| ClusterId::new(format!("c{i}")).expect("id"))
             .collect();
-        let svc = Service::default();
-        let spec = ServiceExportSpec::default();
+        let svc = crate::model::member::ServiceRecord::default();
+        let spec = crate::model::member::ExportRecord::default();
         let exports: Vec<Export<'_>> = families
             .iter()
             .zip(&ids)

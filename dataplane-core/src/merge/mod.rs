@@ -33,27 +33,34 @@ pub mod ports;
 pub mod properties;
 pub mod slices;
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
+use crate::manifest::Manifest;
 use crate::model::{
-    ClusterId, ClusterStatus, EndpointSlice, IpFamily, NamespacedName, ObjectMeta, Service,
-    ServiceExport, ServiceImport, ServiceImportSpec, ServiceImportStatus, ServiceImportType,
-    ServicePort,
+    ClusterId, ClusterStatus, EndpointSlice, Interner, IpFamily, NamespacedName, Service,
+    ServiceExport, ServiceImport, ServiceImportStatus, ServiceImportType, ServicePort,
+    member::{ExportRecord, LocalSlice, ServiceRecord},
+    name::Name,
+    records::{ImportRecord, ImportedSlice},
 };
 
 pub use conditions::{ConditionStatus, ConditionType, MergeCondition};
 
-/// Everything one member cluster contributes: its Services, ServiceExports and local
-/// EndpointSlices (those with the label `kubernetes.io/service-name`).
+/// Everything one member cluster contributes, as records: its Services, ServiceExports and
+/// local EndpointSlices (those with the label `kubernetes.io/service-name`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClusterSnapshot {
+    /// The member cluster.
     pub cluster: ClusterId,
-    pub services: Vec<Service>,
-    pub service_exports: Vec<ServiceExport>,
-    pub endpoint_slices: Vec<EndpointSlice>,
+    /// Its Services.
+    pub services: Vec<Arc<ServiceRecord>>,
+    /// Its ServiceExports.
+    pub service_exports: Vec<Arc<ExportRecord>>,
+    /// Its local EndpointSlices.
+    pub endpoint_slices: Vec<Arc<LocalSlice>>,
 }
 
 impl ClusterSnapshot {
@@ -64,6 +71,49 @@ impl ClusterSnapshot {
             services: Vec::new(),
             service_exports: Vec::new(),
             endpoint_slices: Vec::new(),
+        }
+    }
+
+    /// Adds a member object read from a manifest, converted with `names`. A ServiceImport is
+    /// not a member's input: it is handed back.
+    pub fn add_manifest(&mut self, m: Manifest, names: &Interner) -> Option<Box<ServiceImport>> {
+        match m {
+            Manifest::Service(s) => self
+                .services
+                .push(Arc::new(ServiceRecord::from_k8s(&s, names))),
+            Manifest::ServiceExport(e) => self
+                .service_exports
+                .push(Arc::new(ExportRecord::from_k8s(&e, names))),
+            Manifest::EndpointSlice(s) => self
+                .endpoint_slices
+                .push(Arc::new(LocalSlice::from_k8s(&s, names))),
+            Manifest::ServiceImport(si) => return Some(si),
+        }
+        None
+    }
+
+    /// A snapshot of `cluster` from API objects, converted with `names`.
+    pub fn from_k8s(
+        cluster: ClusterId,
+        services: &[Service],
+        exports: &[ServiceExport],
+        slices: &[EndpointSlice],
+        names: &Interner,
+    ) -> Self {
+        Self {
+            cluster,
+            services: services
+                .iter()
+                .map(|s| Arc::new(ServiceRecord::from_k8s(s, names)))
+                .collect(),
+            service_exports: exports
+                .iter()
+                .map(|e| Arc::new(ExportRecord::from_k8s(e, names)))
+                .collect(),
+            endpoint_slices: slices
+                .iter()
+                .map(|s| Arc::new(LocalSlice::from_k8s(s, names)))
+                .collect(),
         }
     }
 }
@@ -187,11 +237,12 @@ impl std::fmt::Display for Diagnostic {
 pub struct MergeOutput {
     pub importing_cluster: Option<ClusterId>,
     /// The ServiceImports of the importing cluster, sorted by namespace/name.
-    pub service_imports: Vec<ServiceImport>,
+    pub service_imports: Vec<ImportRecord>,
     /// The conditions of every ServiceExport of every cluster, sorted by cluster then service.
     pub export_statuses: Vec<ExportStatus>,
-    /// The imported EndpointSlices for the importing cluster, sorted by namespace/name.
-    pub endpoint_slices: Vec<EndpointSlice>,
+    /// The imported EndpointSlices for the importing cluster, sorted by namespace/name. Their
+    /// endpoints are shared with the member's local slices whenever they are the same.
+    pub endpoint_slices: Vec<ImportedSlice>,
     /// Per import, which clusters serve which port and family (sorted by service).
     pub routing: Vec<ServiceRouting>,
     pub diagnostics: Vec<Diagnostic>,
@@ -206,7 +257,7 @@ pub fn merge(
     snapshots: &[ClusterSnapshot],
     config: &ClusterSetConfig,
     importing: &ClusterId,
-    existing: &[ServiceImport],
+    existing: &[ImportRecord],
 ) -> MergeOutput {
     let mut diagnostics = Vec::new();
     let clusters = exports::index_clusters(snapshots, &mut diagnostics);
@@ -231,8 +282,8 @@ pub fn merge(
     let local_families = config.supported_families(importing);
 
     let mut drafts = Vec::with_capacity(by_service.len());
-    for ((namespace, name), exports) in &by_service {
-        let service = NamespacedName::new(*namespace, *name);
+    for (service, exports) in &by_service {
+        let service = NamespacedName::clone(service);
         let fams = families::merge(exports, config.ip_family_policy, &local_families);
         let contributing: Vec<&exports::Export<'_>> = exports
             .iter()
@@ -345,20 +396,13 @@ pub fn merge(
 }
 
 /// Slices sorted by namespace/name (unique: [`slices::NameAllocator`] hands out each name
-/// once). A slice is over 400 bytes, so the order is found on indices and each slice is then
-/// moved once, instead of being moved at every step of the sort.
-fn sorted_by_name(slices: Vec<EndpointSlice>) -> Vec<EndpointSlice> {
-    fn key(s: &EndpointSlice) -> (Option<&str>, Option<&str>) {
-        (s.metadata.namespace.as_deref(), s.metadata.name.as_deref())
+/// once). Built in service order, which is nearly always the slices' name order already.
+fn sorted_by_name(mut slices: Vec<ImportedSlice>) -> Vec<ImportedSlice> {
+    let key = |s: &ImportedSlice| (s.service.namespace.clone(), s.name.clone());
+    if !slices.is_sorted_by(|a, b| key(a) <= key(b)) {
+        slices.sort_unstable_by_key(key);
     }
-    // Built in service order, which is nearly always the slices' name order already.
-    if slices.is_sorted_by(|a, b| key(a) <= key(b)) {
-        return slices;
-    }
-    let mut order: Vec<usize> = (0..slices.len()).collect();
-    order.sort_unstable_by(|a, b| key(&slices[*a]).cmp(&key(&slices[*b])));
-    let mut slots: Vec<Option<EndpointSlice>> = slices.into_iter().map(Some).collect();
-    order.into_iter().filter_map(|i| slots[i].take()).collect()
+    slices
 }
 
 /// One service between the merge steps and the output objects.
@@ -370,9 +414,8 @@ struct Draft<'a> {
     props: properties::Properties,
 }
 
-fn build_import(d: &Draft<'_>, ips: Vec<String>, ready: MergeCondition) -> ServiceImport {
+fn build_import(d: &Draft<'_>, ips: Vec<IpAddr>, ready: MergeCondition) -> ImportRecord {
     let w = &d.props.winner;
-    let nonempty = |m: &BTreeMap<String, String>| (!m.is_empty()).then(|| m.clone());
     let mut clusters: Vec<ClusterStatus> = d
         .contributing
         .iter()
@@ -382,24 +425,18 @@ fn build_import(d: &Draft<'_>, ips: Vec<String>, ready: MergeCondition) -> Servi
         .collect();
     clusters.sort();
     clusters.dedup();
-    ServiceImport {
-        metadata: ObjectMeta {
-            name: Some(d.service.name.to_string()),
-            namespace: Some(d.service.namespace.to_string()),
-            labels: nonempty(&w.labels),
-            annotations: nonempty(&w.annotations),
-            ..Default::default()
-        },
-        spec: ServiceImportSpec {
-            ports: d.ports.merged.iter().map(|p| p.port.clone()).collect(),
-            ips,
-            type_: w.type_,
-            session_affinity: Some(w.session_affinity.clone()),
-            session_affinity_config: w.session_affinity_config.clone(),
-            ip_families: d.families.import.clone(),
-            internal_traffic_policy: Some(w.internal_traffic_policy.clone()),
-            traffic_distribution: w.traffic_distribution.clone(),
-        },
+    ImportRecord {
+        service: d.service.clone(),
+        type_: w.type_,
+        ips,
+        ip_families: d.families.import.clone(),
+        ports: d.ports.merged.iter().map(|p| p.port.clone()).collect(),
+        session_affinity: Some(Name::from(w.session_affinity.as_str())),
+        session_affinity_config: w.session_affinity_config.clone(),
+        internal_traffic_policy: Some(Name::from(w.internal_traffic_policy.as_str())),
+        traffic_distribution: w.traffic_distribution.as_deref().map(Name::from),
+        labels: w.labels.clone(),
+        annotations: w.annotations.clone(),
         status: Some(ServiceImportStatus {
             clusters,
             conditions: vec![ready.to_k8s(conditions::epoch())],

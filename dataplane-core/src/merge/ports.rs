@@ -128,7 +128,6 @@ pub fn merge(exports: &[&Export<'_>]) -> MergedPorts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Service, ServiceExportSpec};
 
     fn port(spec: &str) -> ServicePort {
         // name:port/PROTO[/app]
@@ -149,8 +148,8 @@ mod tests {
         let ids: Vec<ClusterId> = (1..=inputs.len())
             .map(|i| ClusterId::new(format!("c{i}")).expect("id"))
             .collect();
-        let svc = Service::default();
-        let spec = ServiceExportSpec::default();
+        let svc = crate::model::member::ServiceRecord::default();
+        let spec = crate::model::member::ExportRecord::default();
         let exports: Vec<Export<'_>> = inputs
             .iter()
             .zip(&ids)

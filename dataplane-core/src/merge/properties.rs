@@ -60,14 +60,10 @@ struct View<'a> {
 }
 
 fn view<'a>(e: &'a Export<'_>) -> View<'a> {
-    let spec = e.service.spec.as_ref();
-    let session_affinity = spec
-        .and_then(|s| s.session_affinity.as_deref())
-        .unwrap_or("None");
+    let svc = e.service;
+    let session_affinity = svc.session_affinity.as_deref().unwrap_or("None");
     let timeout = (session_affinity == "ClientIP").then(|| {
-        spec.and_then(|s| s.session_affinity_config.as_ref())
-            .and_then(|c| c.client_ip.as_ref())
-            .and_then(|c| c.timeout_seconds)
+        svc.affinity_timeout
             .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_S as i32)
     });
     View {
@@ -78,10 +74,8 @@ fn view<'a>(e: &'a Export<'_>) -> View<'a> {
         },
         session_affinity,
         timeout,
-        internal_traffic_policy: spec
-            .and_then(|s| s.internal_traffic_policy.as_deref())
-            .unwrap_or("Cluster"),
-        traffic_distribution: spec.and_then(|s| s.traffic_distribution.as_deref()),
+        internal_traffic_policy: svc.internal_traffic_policy.as_deref().unwrap_or("Cluster"),
+        traffic_distribution: svc.traffic_distribution.as_deref(),
         labels: &e.spec.exported_labels,
         annotations: &e.spec.exported_annotations,
     }

@@ -182,6 +182,7 @@ pub struct ServiceImportStatus {
 
 mod crd;
 mod ip;
+pub mod member;
 pub mod name;
 pub mod records;
 
@@ -327,7 +328,7 @@ pub fn resource_version(meta: &ObjectMeta) -> u64 {
 pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10800;
 
 /// Namespace and name of a namespaced object.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NamespacedName {
     pub namespace: Name,
     pub name: Name,
