@@ -42,7 +42,7 @@ pub const REASON_NO_SERVICE: &str = "NoService";
 pub const REASON_INVALID_SERVICE_TYPE: &str = "InvalidServiceType";
 
 /// The objects of one cluster, keyed and deduplicated.
-pub struct ClusterObjects<'a> {
+pub(crate) struct ClusterObjects<'a> {
     pub services: HashMap<Key<'a>, &'a Service>,
     pub exports: HashMap<Key<'a>, &'a ServiceExport>,
     /// Local slices by the Service they belong to, sorted by slice name.
@@ -52,14 +52,14 @@ pub struct ClusterObjects<'a> {
 /// A local EndpointSlice and whether every address in it is an IP of its `addressType`
 /// (checked once here, so the import does not parse the addresses again).
 #[derive(Clone, Copy, Debug)]
-pub struct LocalSlice<'a> {
+pub(crate) struct LocalSlice<'a> {
     pub slice: &'a EndpointSlice,
     pub clean: bool,
 }
 
 /// A valid export, ready to merge.
 #[derive(Debug)]
-pub struct Export<'a> {
+pub(crate) struct Export<'a> {
     pub cluster: &'a ClusterId,
     pub service: &'a Service,
     pub spec: &'a ServiceExportSpec,
@@ -91,7 +91,7 @@ fn pick_duplicate<'a, T: serde::Serialize>(existing: &mut &'a T, new: &'a T) {
 
 /// Keys every cluster's objects, combining snapshots of one cluster and reporting duplicates and
 /// malformed local EndpointSlices.
-pub fn index_clusters<'a>(
+pub(crate) fn index_clusters<'a>(
     snapshots: &'a [super::ClusterSnapshot],
     diagnostics: &mut Vec<Diagnostic>,
 ) -> BTreeMap<&'a ClusterId, ClusterObjects<'a>> {
@@ -246,7 +246,7 @@ pub fn usable_address(addr: &str, family: IpFamily) -> bool {
 
 /// Valid exports by service, sorted by namespace/name (each list in precedence order, oldest
 /// first), and the statuses of the invalid ones (unsorted).
-pub fn collect<'a>(
+pub(crate) fn collect<'a>(
     clusters: &'a BTreeMap<&'a ClusterId, ClusterObjects<'a>>,
 ) -> (Vec<(Key<'a>, Vec<Export<'a>>)>, Vec<ExportStatus>) {
     // Grouped by hash, then only the services are sorted (not every export).

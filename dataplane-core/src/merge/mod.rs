@@ -50,9 +50,13 @@ pub use conditions::{ConditionStatus, ConditionType, MergeCondition};
 /// EndpointSlices (those with the label `kubernetes.io/service-name`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClusterSnapshot {
+    /// The member cluster the objects come from.
     pub cluster: ClusterId,
+    /// Its Services: an export takes its ports, families and properties from these.
     pub services: Vec<Service>,
+    /// Its ServiceExports: which of its Services it exports.
     pub service_exports: Vec<ServiceExport>,
+    /// Its local EndpointSlices: the endpoints it exports.
     pub endpoint_slices: Vec<EndpointSlice>,
 }
 
@@ -99,7 +103,9 @@ pub const DEFAULT_IPV6_CIDR: &str = "fd00:241::/112";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSetCidrs {
+    /// Where IPv4 ClusterSet IPs come from ([`DEFAULT_IPV4_CIDR`] by default).
     pub ipv4: Ipv4Net,
+    /// Where IPv6 ClusterSet IPs come from ([`DEFAULT_IPV6_CIDR`] by default).
     pub ipv6: Ipv6Net,
 }
 
@@ -120,7 +126,9 @@ impl Default for ClusterSetCidrs {
 /// ClusterSet-wide settings.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClusterSetConfig {
+    /// The ranges ClusterSet IPs are allocated from.
     pub cidrs: ClusterSetCidrs,
+    /// How the exports' IP families combine into the import's.
     pub ip_family_policy: IpFamilyPolicy,
     /// Families each cluster supports. A cluster that is not listed supports both.
     pub clusters: BTreeMap<ClusterId, Vec<IpFamily>>,
@@ -139,7 +147,9 @@ impl ClusterSetConfig {
 /// The conditions the merge sets on one ServiceExport.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct ExportStatus {
+    /// The cluster of the ServiceExport.
     pub cluster: ClusterId,
+    /// The ServiceExport's namespace/name, that of the Service it exports.
     pub service: NamespacedName,
     /// `Valid`, `Ready` and, for valid exports, `Conflict`.
     pub conditions: Vec<MergeCondition>,
@@ -150,13 +160,16 @@ pub struct ExportStatus {
 /// serve it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct MergedPort {
+    /// The port as the import lists it.
     pub port: ServicePort,
+    /// The clusters whose endpoints serve it, sorted by id.
     pub clusters: Vec<ClusterId>,
 }
 
 /// Routing facts of one import: which clusters serve which port and family.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ServiceRouting {
+    /// The import these facts are about.
     pub service: NamespacedName,
     /// Aligned with the import's `spec.ports`.
     pub ports: Vec<MergedPort>,
@@ -167,9 +180,11 @@ pub struct ServiceRouting {
 /// Something in the input that was skipped or repaired, naming the object.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct Diagnostic {
+    /// The member cluster the object belongs to, when there is one.
     pub cluster: Option<ClusterId>,
     /// `Kind namespace/name`, e.g. `EndpointSlice demo/web-abc`.
     pub object: String,
+    /// What was wrong and what was done about it.
     pub message: String,
 }
 
@@ -185,6 +200,7 @@ impl std::fmt::Display for Diagnostic {
 /// The result of a merge, as one importing cluster sees it. Every list is sorted.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MergeOutput {
+    /// The cluster this view is for; `None` only in [`MergeOutput::default`].
     pub importing_cluster: Option<ClusterId>,
     /// The ServiceImports of the importing cluster, sorted by namespace/name.
     pub service_imports: Vec<ServiceImport>,
@@ -194,6 +210,7 @@ pub struct MergeOutput {
     pub endpoint_slices: Vec<EndpointSlice>,
     /// Per import, which clusters serve which port and family (sorted by service).
     pub routing: Vec<ServiceRouting>,
+    /// What in the input was skipped or repaired, sorted, without duplicates.
     pub diagnostics: Vec<Diagnostic>,
 }
 
@@ -202,6 +219,24 @@ pub struct MergeOutput {
 ///
 /// Snapshots with the same cluster id are combined into one cluster (and reported in
 /// [`MergeOutput::diagnostics`]); so are duplicate objects within a cluster.
+///
+/// ```
+/// use dataplane_core::merge::{self, ClusterSetConfig, ClusterSnapshot};
+/// use dataplane_core::model::{ClusterId, Service, ServiceExport};
+///
+/// let c1 = ClusterId::new("c1").unwrap();
+/// let mut snapshot = ClusterSnapshot::empty(c1.clone());
+/// let service = "metadata: {name: web, namespace: demo}\nspec: {ports: [{port: 80}]}";
+/// snapshot.services.push(serde_yaml::from_str::<Service>(service).unwrap());
+/// let export = "metadata: {name: web, namespace: demo}";
+/// snapshot.service_exports.push(serde_yaml::from_str::<ServiceExport>(export).unwrap());
+///
+/// let out = merge::merge(&[snapshot], &ClusterSetConfig::default(), &c1, &[]);
+/// let web = &out.service_imports[0].spec;
+/// assert_eq!(web.ports[0].port, 80);
+/// // No family is known, so the import gets c1's first one, IPv4, and an IP from 241.0.0.0/16.
+/// assert!(web.ips[0].starts_with("241.0."));
+/// ```
 pub fn merge(
     snapshots: &[ClusterSnapshot],
     config: &ClusterSetConfig,

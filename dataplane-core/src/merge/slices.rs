@@ -41,7 +41,7 @@ pub const MAX_NAME: usize = 253;
 /// Hands out unique slice names per namespace, in the order it is asked (the merge asks in
 /// sorted order, so the result is deterministic).
 #[derive(Debug, Default)]
-pub struct NameAllocator {
+pub(crate) struct NameAllocator {
     /// Names taken, per namespace.
     used: HashMap<String, HashSet<String>>,
 }
@@ -148,7 +148,7 @@ type SlicePort<'a> = (&'a str, &'a str, i32, Option<&'a str>);
 
 /// Builds the imported slices of one service, appended to `out` (the plan's list: a slice is
 /// over 400 bytes, so it is built in its final place rather than moved there).
-pub fn build(
+pub(crate) fn build(
     service: &NamespacedName,
     contributing: &[&Export<'_>],
     routing: &ServiceRouting,
