@@ -35,7 +35,9 @@ use crate::model::{EndpointSlice, NamespacedName, ServiceImport, parse_ip};
 /// defines it twice) and the imported EndpointSlices labelled with its name in its namespace.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ServiceInputs<'a> {
+    /// The ServiceImports with the service's namespace/name.
     pub imports: &'a [Arc<ServiceImport>],
+    /// The imported EndpointSlices of the service, by its namespace and service-name label.
     pub slices: &'a [Arc<EndpointSlice>],
 }
 

@@ -28,7 +28,9 @@ use crate::model::{EndpointSlice, LABEL_SERVICE_NAME, NamespacedName, ServiceImp
 pub enum Change {
     /// Every import and every slice (a directory read, a standalone merge).
     Snapshot {
+        /// Every ServiceImport of the node.
         imports: Vec<Arc<ServiceImport>>,
+        /// Every imported EndpointSlice of the node.
         slices: Vec<Arc<EndpointSlice>>,
     },
     /// The complete list of imports (a watch's first list or a re-list).
@@ -124,6 +126,7 @@ impl InputIndex {
         self.services.keys()
     }
 
+    /// How many services have an import or a slice.
     pub fn service_count(&self) -> usize {
         self.services.len()
     }
