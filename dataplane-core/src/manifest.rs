@@ -20,20 +20,26 @@ use crate::model::{
 /// One object read from a manifest.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Manifest {
+    /// A `v1` Service.
     Service(Box<Service>),
+    /// A ServiceExport of either MCS version, read as v1beta1.
     ServiceExport(Box<ServiceExport>),
+    /// A ServiceImport of either MCS version, read as v1beta1.
     ServiceImport(Box<ServiceImport>),
+    /// A `discovery.k8s.io/v1` EndpointSlice, local or imported.
     EndpointSlice(Box<EndpointSlice>),
 }
 
 /// A document that could not be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub struct ManifestError {
+    /// The file the document is in, as given to [`parse_documents`].
     pub file: PathBuf,
     /// 0-based index of the YAML document in the file.
     pub document: usize,
     /// `Kind ns/name` when the document got that far.
     pub object: Option<String>,
+    /// What is wrong with the document.
     pub message: String,
 }
 
@@ -60,6 +66,24 @@ struct TypeMeta {
 }
 
 /// Parses every document of `text`. `file` is only used in errors.
+///
+/// ```
+/// use std::path::Path;
+///
+/// use dataplane_core::manifest::{Manifest, parse_documents};
+///
+/// let text = "apiVersion: multicluster.x-k8s.io/v1alpha1
+/// kind: ServiceExport
+/// metadata: {name: web, namespace: demo}
+/// ---
+/// apiVersion: apps/v1
+/// kind: Deployment
+/// metadata: {name: web, namespace: demo}";
+/// let (objects, errors) = parse_documents(text, Path::new("c1/web.yaml"));
+/// assert!(matches!(&objects[..], [Manifest::ServiceExport(_)]));
+/// assert_eq!(errors[0].document, 1);
+/// assert_eq!(errors[0].object.as_deref(), Some("Deployment demo/web"));
+/// ```
 pub fn parse_documents(text: &str, file: &Path) -> (Vec<Manifest>, Vec<ManifestError>) {
     let mut objects = Vec::new();
     let mut errors = Vec::new();

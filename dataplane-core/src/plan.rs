@@ -245,11 +245,15 @@ impl Merged {
 /// One line of the plan's `diagnostics`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 pub struct Diagnostic {
+    /// The file the problem is in, when known; `path (document N)` for an unusable document.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub file: Option<String>,
+    /// The member cluster it concerns, when known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
+    /// The object, as `Kind namespace/name`, when known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub object: Option<String>,
+    /// What is wrong and what was done about it; the lb table's warnings start with `lb: `.
     pub message: String,
 }

@@ -50,25 +50,40 @@ pub enum Action {
     ApplySlice(EndpointSlice),
     /// Set the `Valid`/`Ready`/`Conflict` conditions of a local ServiceExport.
     ApplyExportStatus {
+        /// The ServiceExport's namespace/name.
         service: NamespacedName,
+        /// Its `Valid`, `Ready` and `Conflict` conditions, transition times included.
         conditions: Vec<Condition>,
     },
+    /// Delete a ServiceImport of ours that the merge no longer has.
     DeleteImport {
+        /// The import's namespace/name.
         service: NamespacedName,
+        /// The observed uid: the delete's precondition, so a re-created object is left alone.
         uid: Option<String>,
+        /// The observed resourceVersion: the deletion's watch event comes after it.
         resource_version: u64,
     },
+    /// Delete an imported EndpointSlice of ours that the merge no longer has.
     DeleteSlice {
+        /// The slice's namespace/name.
         slice: NamespacedName,
+        /// The observed uid: the delete's precondition, so a re-created object is left alone.
         uid: Option<String>,
+        /// The observed resourceVersion: the deletion's watch event comes after it.
         resource_version: u64,
     },
     /// An Event on a ServiceExport: a conflict appeared (`Warning`) or cleared (`Normal`).
     Event {
+        /// The ServiceExport's namespace/name.
         export: NamespacedName,
+        /// Its uid, for the Event's reference to it.
         uid: Option<String>,
+        /// `Warning` when a conflict appeared, `Normal` when it cleared.
         warning: bool,
+        /// [`EVENT_CONFLICT`] or [`EVENT_RESOLVED`].
         reason: String,
+        /// The conflict's reason and message, or which conflict cleared.
         note: String,
     },
 }
@@ -259,6 +274,37 @@ fn conflict_true(conditions: &[Condition]) -> Option<&Condition> {
 ///
 /// Order: imports, their status, slices, slice deletions, import deletions, then each
 /// export's status followed by its Event if a conflict appeared or cleared.
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use dataplane_core::merge::{MergeOutput, conditions::epoch};
+/// use dataplane_core::model::{ClusterId, Interner, ServiceImport, records::ImportRecord};
+/// use dataplane_core::reconcile::{Action, Observed, reconcile};
+///
+/// let local = ClusterId::new("c1").unwrap();
+/// let mut plan = MergeOutput::default();
+/// let web: ServiceImport = serde_yaml::from_str(
+///     "metadata: {name: web, namespace: demo}
+/// spec: {type: ClusterSetIP, ports: [{port: 80}]}",
+/// )
+/// .unwrap();
+/// let record = ImportRecord::from_k8s(&web, &Interner::new(), true).record.unwrap();
+/// plan.service_imports.push(record);
+///
+/// // Nothing observed yet: the import is applied, then its status.
+/// let actions = reconcile(&plan, &local, &Observed::default(), &epoch());
+/// let [Action::ApplyImport(_), Action::ApplyImportStatus(written)] = &actions[..] else {
+///     panic!("{actions:?}");
+/// };
+///
+/// // Once the cluster has what was written, there is nothing left to do.
+/// let observed = Observed {
+///     imports: vec![Arc::new(written.clone())],
+///     ..Observed::default()
+/// };
+/// assert!(reconcile(&plan, &local, &observed, &epoch()).is_empty());
+/// ```
 pub fn reconcile(
     plan: &MergeOutput,
     local: &ClusterId,

@@ -36,7 +36,9 @@ use crate::model::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Protocol {
+    /// TCP, as in `protocol: TCP` or no protocol at all.
     Tcp,
+    /// UDP, as in `protocol: UDP`.
     Udp,
 }
 
@@ -74,8 +76,11 @@ impl fmt::Display for Protocol {
 /// Where clients connect: a ClusterSet IP, a port and a protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct FrontendAddr {
+    /// The ClusterSet IP.
     pub ip: IpAddr,
+    /// The service port clients connect to.
     pub port: u16,
+    /// The protocol; one IP and port may serve TCP and UDP as two frontends.
     pub protocol: Protocol,
 }
 
@@ -91,14 +96,18 @@ impl fmt::Display for FrontendAddr {
 /// One endpoint a frontend forwards to.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct Backend {
+    /// The member cluster the endpoint runs in.
     pub cluster: ClusterId,
+    /// The endpoint's address, of the frontend's family.
     pub ip: IpAddr,
+    /// The port connections go to: the imported slice's number for the frontend's port.
     pub port: u16,
 }
 
 /// A frontend and what it forwards to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Frontend {
+    /// The import the frontend belongs to.
     pub service: NamespacedName,
     /// The merged port's name ("" for an unnamed port).
     pub port_name: String,
@@ -113,6 +122,7 @@ pub struct Frontend {
 pub struct LbWarning {
     /// `ServiceImport ns/name` or `EndpointSlice ns/name`.
     pub object: String,
+    /// What was wrong, and what was skipped because of it.
     pub message: String,
 }
 
@@ -125,9 +135,11 @@ impl fmt::Display for LbWarning {
 /// The whole desired load-balancing state of a node.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct LbTable {
+    /// Every frontend of every import, by address.
     pub frontends: BTreeMap<FrontendAddr, Frontend>,
     /// Every ClusterSet IP, with the service that owns it. Ports a VIP does not serve are refused.
     pub vips: BTreeMap<IpAddr, NamespacedName>,
+    /// What the build skipped, sorted, without duplicates.
     pub warnings: Vec<LbWarning>,
 }
 
@@ -148,6 +160,35 @@ fn by_cluster<'a>(slices: impl IntoIterator<Item = &'a ImportedSlice>) -> Vec<&'
 /// Builds the table from the API objects (what `explain` does from a node directory):
 /// converts them into records and builds every service. The result depends only on the set of
 /// inputs, not on their order.
+///
+/// ```
+/// use dataplane_core::lb;
+/// use dataplane_core::model::{EndpointSlice, ServiceImport};
+///
+/// let import: ServiceImport = serde_yaml::from_str(
+///     "metadata: {name: web, namespace: demo}
+/// spec: {type: ClusterSetIP, ips: [241.0.0.10], ports: [{port: 80}]}",
+/// )
+/// .unwrap();
+/// let slice: EndpointSlice = serde_yaml::from_str(
+///     "metadata:
+///   name: web-c1
+///   namespace: demo
+///   labels:
+///     multicluster.kubernetes.io/service-name: web
+///     multicluster.kubernetes.io/source-cluster: c1
+/// addressType: IPv4
+/// ports: [{port: 8080}]
+/// endpoints: [{addresses: [10.0.0.1]}]",
+/// )
+/// .unwrap();
+///
+/// let table = lb::build(&[import], &[slice]);
+/// let (addr, frontend) = table.frontends.iter().next().unwrap();
+/// assert_eq!(addr.to_string(), "241.0.0.10:80/TCP");
+/// assert_eq!(frontend.backends[0].ip.to_string(), "10.0.0.1");
+/// assert_eq!(frontend.backends[0].port, 8080);
+/// ```
 pub fn build(imports: &[ServiceImport], slices: &[EndpointSlice]) -> LbTable {
     let names = crate::model::Interner::new();
     let mut unfiled = Vec::new();

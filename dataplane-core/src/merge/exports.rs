@@ -41,7 +41,7 @@ pub const REASON_NO_SERVICE: &str = "NoService";
 pub const REASON_INVALID_SERVICE_TYPE: &str = "InvalidServiceType";
 
 /// The objects of one cluster, keyed by namespace/name and deduplicated.
-pub struct ClusterObjects<'a> {
+pub(crate) struct ClusterObjects<'a> {
     /// Services by namespace/name.
     pub services: HashMap<&'a NamespacedName, &'a ServiceRecord>,
     /// ServiceExports by namespace/name.
@@ -52,7 +52,7 @@ pub struct ClusterObjects<'a> {
 
 /// A valid export, ready to merge.
 #[derive(Debug)]
-pub struct Export<'a> {
+pub(crate) struct Export<'a> {
     /// The exporting cluster.
     pub cluster: &'a ClusterId,
     /// Its Service.
@@ -89,7 +89,7 @@ fn pick_duplicate<'a, T: Ord>(existing: &mut &'a T, new: &'a T) {
 
 /// Keys every cluster's objects, combining snapshots of one cluster and reporting duplicates and
 /// malformed local EndpointSlices.
-pub fn index_clusters<'a>(
+pub(crate) fn index_clusters<'a>(
     snapshots: &'a [ClusterSnapshot],
     diagnostics: &mut Vec<Diagnostic>,
 ) -> BTreeMap<&'a ClusterId, ClusterObjects<'a>> {
@@ -182,7 +182,7 @@ fn pick_duplicate_slice<'a>(existing: &mut &'a LocalSlice, new: &'a LocalSlice) 
 
 /// Valid exports by service, sorted by namespace/name (each list in precedence order, oldest
 /// first), and the statuses of the invalid ones (unsorted).
-pub fn collect<'a>(
+pub(crate) fn collect<'a>(
     clusters: &'a BTreeMap<&'a ClusterId, ClusterObjects<'a>>,
 ) -> (
     Vec<(&'a NamespacedName, Vec<Export<'a>>)>,
@@ -221,7 +221,7 @@ pub fn collect<'a>(
 }
 
 /// Checks one export; `Err((reason, message))` makes it `Valid=False`.
-pub fn validate<'a>(
+pub(crate) fn validate<'a>(
     cluster: &'a ClusterId,
     service: Option<&'a ServiceRecord>,
     se: &'a ExportRecord,

@@ -27,7 +27,7 @@ use crate::model::{IpFamily, NamespacedName, records::ImportRecord};
 
 /// A service that needs one IP per family, in this order.
 #[derive(Clone, Copy, Debug)]
-pub struct Request<'a> {
+pub(crate) struct Request<'a> {
     pub service: &'a NamespacedName,
     pub families: &'a [IpFamily],
 }
@@ -118,7 +118,7 @@ impl Pool {
 
 /// Allocates the IPs of `requests`. Returns, per service whose every family got an IP, the IPs
 /// aligned with its families.
-pub fn allocate(
+pub(crate) fn allocate(
     requests: &[Request<'_>],
     existing: &[ImportRecord],
     cidrs: &ClusterSetCidrs,

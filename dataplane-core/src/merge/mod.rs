@@ -149,7 +149,9 @@ pub const DEFAULT_IPV6_CIDR: &str = "fd00:241::/112";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSetCidrs {
+    /// Where IPv4 ClusterSet IPs come from ([`DEFAULT_IPV4_CIDR`] by default).
     pub ipv4: Ipv4Net,
+    /// Where IPv6 ClusterSet IPs come from ([`DEFAULT_IPV6_CIDR`] by default).
     pub ipv6: Ipv6Net,
 }
 
@@ -170,7 +172,9 @@ impl Default for ClusterSetCidrs {
 /// ClusterSet-wide settings.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClusterSetConfig {
+    /// The ranges ClusterSet IPs are allocated from.
     pub cidrs: ClusterSetCidrs,
+    /// How the exports' IP families combine into the import's.
     pub ip_family_policy: IpFamilyPolicy,
     /// Families each cluster supports. A cluster that is not listed supports both.
     pub clusters: BTreeMap<ClusterId, Vec<IpFamily>>,
@@ -189,7 +193,9 @@ impl ClusterSetConfig {
 /// The conditions the merge sets on one ServiceExport.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct ExportStatus {
+    /// The cluster of the ServiceExport.
     pub cluster: ClusterId,
+    /// The ServiceExport's namespace/name, that of the Service it exports.
     pub service: NamespacedName,
     /// `Valid`, `Ready` and, for valid exports, `Conflict`.
     pub conditions: Vec<MergeCondition>,
@@ -200,13 +206,16 @@ pub struct ExportStatus {
 /// serve it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct MergedPort {
+    /// The port as the import lists it.
     pub port: ServicePort,
+    /// The clusters whose endpoints serve it, sorted by id.
     pub clusters: Vec<ClusterId>,
 }
 
 /// Routing facts of one import: which clusters serve which port and family.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ServiceRouting {
+    /// The import these facts are about.
     pub service: NamespacedName,
     /// Aligned with the import's `spec.ports`.
     pub ports: Vec<MergedPort>,
@@ -217,9 +226,11 @@ pub struct ServiceRouting {
 /// Something in the input that was skipped or repaired, naming the object.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct Diagnostic {
+    /// The member cluster the object belongs to, when there is one.
     pub cluster: Option<ClusterId>,
     /// `Kind namespace/name`, e.g. `EndpointSlice demo/web-abc`.
     pub object: String,
+    /// What was wrong and what was done about it.
     pub message: String,
 }
 
@@ -235,6 +246,7 @@ impl std::fmt::Display for Diagnostic {
 /// The result of a merge, as one importing cluster sees it. Every list is sorted.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MergeOutput {
+    /// The cluster this view is for; `None` only in [`MergeOutput::default`].
     pub importing_cluster: Option<ClusterId>,
     /// The ServiceImports of the importing cluster, sorted by namespace/name.
     pub service_imports: Vec<ImportRecord>,
@@ -245,6 +257,7 @@ pub struct MergeOutput {
     pub endpoint_slices: Vec<ImportedSlice>,
     /// Per import, which clusters serve which port and family (sorted by service).
     pub routing: Vec<ServiceRouting>,
+    /// What in the input was skipped or repaired, sorted, without duplicates.
     pub diagnostics: Vec<Diagnostic>,
 }
 
@@ -253,6 +266,28 @@ pub struct MergeOutput {
 ///
 /// Snapshots with the same cluster id are combined into one cluster (and reported in
 /// [`MergeOutput::diagnostics`]); so are duplicate objects within a cluster.
+///
+/// ```
+/// use dataplane_core::merge::{self, ClusterSetConfig, ClusterSnapshot};
+/// use dataplane_core::model::{ClusterId, Interner, Service, ServiceExport};
+///
+/// let c1 = ClusterId::new("c1").unwrap();
+/// let service = "metadata: {name: web, namespace: demo}\nspec: {ports: [{port: 80}]}";
+/// let export = "metadata: {name: web, namespace: demo}";
+/// let snapshot = ClusterSnapshot::from_k8s(
+///     c1.clone(),
+///     &[serde_yaml::from_str::<Service>(service).unwrap()],
+///     &[serde_yaml::from_str::<ServiceExport>(export).unwrap()],
+///     &[],
+///     &Interner::new(),
+/// );
+///
+/// let out = merge::merge(&[snapshot], &ClusterSetConfig::default(), &c1, &[]);
+/// let web = &out.service_imports[0];
+/// assert_eq!(web.ports[0].port, 80);
+/// // No family is known, so the import gets c1's first one, IPv4, and an IP from 241.0.0.0/16.
+/// assert!(web.ips[0].to_string().starts_with("241.0."));
+/// ```
 pub fn merge(
     snapshots: &[ClusterSnapshot],
     config: &ClusterSetConfig,

@@ -26,7 +26,7 @@ use crate::model::{
 
 /// The normalised properties of one export.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Winner {
+pub(crate) struct Winner {
     pub type_: ServiceImportType,
     pub session_affinity: String,
     pub session_affinity_config: Option<SessionAffinityConfig>,
@@ -38,7 +38,7 @@ pub struct Winner {
 
 /// The properties of one service: the winner and the contested fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Properties {
+pub(crate) struct Properties {
     pub winner: Winner,
     pub winner_cluster: Option<ClusterId>,
     /// (reason, message) per contested field.
@@ -99,11 +99,6 @@ impl View<'_> {
     }
 }
 
-/// The normalised properties of an export.
-pub fn of(e: &Export<'_>) -> Winner {
-    view(e).to_winner()
-}
-
 fn same_distribution(a: Option<&str>, b: Option<&str>) -> bool {
     fn canon(v: Option<&str>) -> Option<&str> {
         match v {
@@ -116,7 +111,7 @@ fn same_distribution(a: Option<&str>, b: Option<&str>) -> bool {
 
 /// Merges the properties of `exports` (oldest first). Every valid export takes part in the
 /// comparison, including those the family merge left out.
-pub fn merge(exports: &[Export<'_>]) -> Properties {
+pub(crate) fn merge(exports: &[Export<'_>]) -> Properties {
     let all: Vec<View<'_>> = exports.iter().map(view).collect();
     let Some(w) = all.first().copied() else {
         return Properties {

@@ -42,7 +42,7 @@ pub const MAX_NAME: usize = 253;
 /// Hands out unique slice names per namespace, in the order it is asked (the merge asks in
 /// sorted order, so the result is deterministic).
 #[derive(Debug, Default)]
-pub struct NameAllocator {
+pub(crate) struct NameAllocator {
     /// Names taken, per namespace.
     used: HashMap<String, HashSet<String>>,
 }
@@ -85,7 +85,7 @@ impl NameAllocator {
 }
 
 /// Builds the imported slices of one service, appended to `out`.
-pub fn build(
+pub(crate) fn build(
     service: &NamespacedName,
     contributing: &[&Export<'_>],
     routing: &ServiceRouting,

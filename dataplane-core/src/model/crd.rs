@@ -41,8 +41,12 @@ macro_rules! mcs_version {
         )]
         #[serde(rename_all = "camelCase")]
         pub struct ServiceExportSpec {
+            /// Labels for the ServiceImport; the oldest export's map is used, and any difference
+            /// conflicts (`LabelsConflict`).
             #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
             pub exported_labels: BTreeMap<String, String>,
+            /// Annotations for the ServiceImport; the oldest export's map is used, and any
+            /// difference conflicts (`AnnotationsConflict`).
             #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
             pub exported_annotations: BTreeMap<String, String>,
         }
@@ -50,9 +54,12 @@ macro_rules! mcs_version {
         /// A ServiceExport; `spec` defaults to empty when absent, as the MCS API allows.
         #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
         pub struct ServiceExport {
+            /// Its namespace/name names the Service it exports.
             pub metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+            /// What the import gets besides the Service: labels and annotations.
             #[serde(default)]
             pub spec: ServiceExportSpec,
+            /// The controller's conditions; `None` until it has written them.
             #[serde(default)]
             pub status: Option<ServiceExportStatus>,
         }
@@ -96,6 +103,7 @@ macro_rules! mcs_version {
         }
 
         impl ServiceExport {
+            /// An export of the Service `name`, without namespace or status.
             pub fn new(name: &str, spec: ServiceExportSpec) -> Self {
                 Self {
                     metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
@@ -127,21 +135,31 @@ macro_rules! mcs_version {
         )]
         #[serde(rename_all = "camelCase")]
         pub struct ServiceImportSpec {
+            /// The merged ports: the union of the exports' ports, the oldest definition of each
+            /// winning.
             pub ports: Vec<ServicePort>,
+            /// The ClusterSet IPs, `ips[i]` of family `ipFamilies[i]`; empty for headless imports
+            /// and for imports that are not `Ready`.
             #[serde(default, skip_serializing_if = "Vec::is_empty")]
             #[schemars(length(max = 2))]
             pub ips: Vec<String>,
+            /// Whether clients reach the service at ClusterSet IPs or through DNS only.
             #[serde(rename = "type")]
             pub type_: ServiceImportType,
+            /// `None` or `ClientIP`, taken from the oldest export's Service.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub session_affinity: Option<String>,
+            /// The `ClientIP` affinity timeout; set only with `ClientIP` affinity.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub session_affinity_config: Option<SessionAffinityConfig>,
+            /// The families the import serves, in order; what the merge writes is never empty.
             #[serde(default, skip_serializing_if = "Vec::is_empty")]
             #[schemars(length(max = 2))]
             pub ip_families: Vec<IpFamily>,
+            /// `Cluster` or `Local`, taken from the oldest export's Service.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub internal_traffic_policy: Option<String>,
+            /// A routing preference such as `PreferClose`, taken from the oldest export's Service.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub traffic_distribution: Option<String>,
         }

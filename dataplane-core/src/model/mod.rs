@@ -13,9 +13,12 @@ pub use k8s_openapi::{
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// The MCS API group of ServiceExport and ServiceImport.
 pub const GROUP: &str = "multicluster.x-k8s.io";
+/// The apiVersion ServiceExports and ServiceImports are read as, written in and stored in.
 pub const API_VERSION_V1BETA1: &str = "multicluster.x-k8s.io/v1beta1";
-pub const API_VERSION_V1ALPHA1: &str = "multicluster.x-k8s.io/v1alpha1";
+/// The older apiVersion: the same schema, accepted on input and read as v1beta1.
+pub(crate) const API_VERSION_V1ALPHA1: &str = "multicluster.x-k8s.io/v1alpha1";
 
 /// Label on imported EndpointSlices: the ServiceImport they belong to.
 pub const LABEL_SERVICE_NAME: &str = "multicluster.kubernetes.io/service-name";
@@ -38,7 +41,9 @@ pub const LABEL_K8S_SERVICE_NAME: &str = "kubernetes.io/service-name";
     Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
 )]
 pub enum IpFamily {
+    /// 32-bit addresses: EndpointSlices of `addressType: IPv4`, ClusterSet IPs from the IPv4 CIDR.
     IPv4,
+    /// 128-bit addresses: EndpointSlices of `addressType: IPv6`, ClusterSet IPs from the IPv6 CIDR.
     IPv6,
 }
 
@@ -51,6 +56,7 @@ impl IpFamily {
         }
     }
 
+    /// The family an address belongs to.
     pub fn of(ip: &std::net::IpAddr) -> Self {
         match ip {
             std::net::IpAddr::V4(_) => IpFamily::IPv4,
@@ -94,8 +100,10 @@ impl FromStr for IpFamily {
     JsonSchema,
 )]
 pub enum ServiceImportType {
+    /// Reached at the ClusterSet IPs the merge allocates, which the nodes load-balance.
     #[default]
     ClusterSetIP,
+    /// No ClusterSet IP: clients find the endpoints through DNS (`clusterIP: None` Services).
     Headless,
 }
 
@@ -120,8 +128,10 @@ pub struct ServicePort {
     /// TCP, UDP or SCTP; TCP when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<String>,
+    /// A hint for L7 proxies; not compared for routing, though a difference still conflicts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub app_protocol: Option<String>,
+    /// The port clients connect to, 1..=65535.
     pub port: i32,
 }
 
@@ -151,9 +161,11 @@ pub struct SessionAffinityConfig {
     pub client_ip: Option<ClientIpConfig>,
 }
 
+/// `ClientIP` session-affinity settings, as `clientIPConfig` in core/v1.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClientIpConfig {
+    /// How long a client keeps its backend, in seconds; unset means 10800 (3 hours).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_seconds: Option<i32>,
 }
@@ -163,19 +175,25 @@ pub struct ClientIpConfig {
     Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
 )]
 pub struct ClusterStatus {
+    /// The id of a member cluster whose export makes up the import.
     pub cluster: String,
 }
 
+/// `ServiceExport.status`: what the controller found of the export.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ServiceExportStatus {
+    /// `Valid`, `Ready` and `Conflict`, set by the controller, and any condition others set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
 
+/// `ServiceImport.status`: where the import comes from and whether it is ready.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ServiceImportStatus {
+    /// The member clusters whose exports make up the import, sorted by id.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clusters: Vec<ClusterStatus>,
+    /// The import's `Ready` condition, set by the controller.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -231,14 +249,18 @@ impl PartialOrd for ClusterId {
     }
 }
 
+/// Why a text cannot be a [`ClusterId`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid cluster id {id:?}: {why} (cluster ids are RFC-1123 DNS labels)")]
 pub struct InvalidClusterId {
+    /// The text that was refused.
     pub id: String,
+    /// The rule it breaks.
     pub why: &'static str,
 }
 
 impl ClusterId {
+    /// Checks `id` against the rules of a cluster id (an RFC-1123 DNS label).
     pub fn new(id: impl Into<String>) -> Result<Self, InvalidClusterId> {
         let id = id.into();
         let why = if id.is_empty() {
@@ -261,6 +283,7 @@ impl ClusterId {
         }
     }
 
+    /// The id's text, as in `status.clusters` and the `source-cluster` label.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -330,11 +353,14 @@ pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10800;
 /// Namespace and name of a namespaced object.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NamespacedName {
+    /// The object's namespace.
     pub namespace: Name,
+    /// The object's name, unique in its namespace for its kind.
     pub name: Name,
 }
 
 impl NamespacedName {
+    /// The namespace/name of the given parts, taken as they are (no defaulting).
     pub fn new(namespace: impl Into<Name>, name: impl Into<Name>) -> Self {
         Self {
             namespace: namespace.into(),
