@@ -29,7 +29,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::{
     merge::{
-        self, ClusterSetConfig, ClusterSnapshot, MergeOutput,
+        ClusterSetConfig, ClusterSnapshot, MemberChange, MergeOutput, MergeState,
         conditions::{ConditionStatus, ConditionType},
     },
     model::{
@@ -147,44 +147,14 @@ pub fn desired(
     withdrawn: &BTreeSet<ClusterId>,
     grace: Duration,
 ) -> MergeOutput {
-    let snapshots: Vec<ClusterSnapshot> = snapshots
-        .iter()
-        .map(|s| {
-            let mut s = s.clone();
-            if withdrawn.contains(&s.cluster) {
-                s.endpoint_slices.clear();
-            }
-            s
-        })
-        .collect();
-    let mut plan = merge::merge(&snapshots, config, local, existing);
-    if withdrawn.is_empty() {
-        return plan;
+    let mut state = MergeState::new(config.clone(), local.clone());
+    state.set_grace(grace);
+    let mut ignored = BTreeSet::new();
+    for cluster in withdrawn {
+        state.apply(MemberChange::Withdrawn(cluster.clone(), true), &mut ignored);
     }
-    for si in &mut plan.service_imports {
-        let Some(status) = si.status.as_mut() else {
-            continue;
-        };
-        let gone: Vec<String> = status
-            .clusters
-            .iter()
-            .filter(|c| withdrawn.iter().any(|w| w.as_str() == c.cluster))
-            .map(|c| format!("\"{}\"", c.cluster))
-            .collect();
-        if gone.is_empty() {
-            continue;
-        }
-        for c in status.conditions.iter_mut().filter(|c| c.type_ == "Ready") {
-            c.message = format!(
-                "{} Endpoints of cluster {} are withdrawn: its API server has been unreachable \
-                 for longer than the grace period ({}s).",
-                c.message,
-                gone.join(", "),
-                grace.as_secs_f64()
-            );
-        }
-    }
-    plan
+    state.load(snapshots, existing);
+    state.output()
 }
 
 fn key(meta: &ObjectMeta) -> NamespacedName {
@@ -403,7 +373,7 @@ pub fn reconcile(
     import_deletes.sort_by_key(Action::object);
 
     let mut exports = Vec::new();
-    let statuses_by_service: HashMap<&NamespacedName, &merge::ExportStatus> = plan
+    let statuses_by_service: HashMap<&NamespacedName, &crate::merge::ExportStatus> = plan
         .export_statuses
         .iter()
         .filter(|s| &s.cluster == local)

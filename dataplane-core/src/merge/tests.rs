@@ -1,8 +1,9 @@
 //! Property tests of the whole merge: input order does not matter, merging again with the
 //! produced imports as the existing ones changes nothing, and no input makes it panic.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ServicePort as K8sPort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
@@ -538,4 +539,165 @@ endpoints: [{{addresses: [10.0.0.1]}}]
         .map(|s| &*s.service.name)
         .collect();
     assert_eq!(imports, vec!["web", "web-a"]);
+}
+
+mod incremental {
+    //! The merge kept service by service ([`MergeState::update`]) against a full merge of the
+    //! same final inputs.
+
+    use super::*;
+    use crate::merge::{MemberChange, MergeState};
+    use crate::model::member::{LocalSlice, ServiceRecord};
+
+    /// One member's objects, one per namespace/name, as an API server holds them.
+    #[derive(Clone, Debug, Default)]
+    struct Member {
+        services: BTreeMap<String, Service>,
+        exports: BTreeMap<String, ServiceExport>,
+        slices: BTreeMap<String, EndpointSlice>,
+    }
+
+    fn name_of(meta: &ObjectMeta) -> String {
+        meta.name.clone().unwrap_or_default()
+    }
+
+    /// One watch event in one member.
+    #[derive(Clone, Debug)]
+    #[allow(clippy::large_enum_variant)] // test data
+    enum Event {
+        Service(usize, Service),
+        DeleteService(usize, usize),
+        Export(usize, ServiceExport),
+        DeleteExport(usize, usize),
+        Slice(usize, EndpointSlice),
+        /// The same slice name relabelled to another service: the slice moves.
+        MoveSlice(usize, EndpointSlice),
+        DeleteSlice(usize, usize),
+        Withdraw(usize, bool),
+    }
+
+    fn arb_event() -> impl Strategy<Value = Event> {
+        let c = 0usize..3;
+        prop_oneof![
+            (c.clone(), arb_service()).prop_map(|(c, s)| Event::Service(c, s)),
+            (c.clone(), any::<usize>()).prop_map(|(c, i)| Event::DeleteService(c, i)),
+            (c.clone(), arb_export()).prop_map(|(c, e)| Event::Export(c, e)),
+            (c.clone(), any::<usize>()).prop_map(|(c, i)| Event::DeleteExport(c, i)),
+            (c.clone(), arb_slice()).prop_map(|(c, s)| Event::Slice(c, s)),
+            (c.clone(), arb_slice()).prop_map(|(c, s)| Event::MoveSlice(c, s)),
+            (c.clone(), any::<usize>()).prop_map(|(c, i)| Event::DeleteSlice(c, i)),
+            (c, any::<bool>()).prop_map(|(c, w)| Event::Withdraw(c, w)),
+        ]
+    }
+
+    /// Cluster ids that make slice names collide: service `web-a` of cluster `b` and
+    /// service `web` of cluster `a-b` both want `web-a-b-ipv4`.
+    fn cluster(i: usize) -> ClusterId {
+        ClusterId::new(["a", "b", "a-b"][i % 3]).expect("id")
+    }
+
+    fn snapshots_of(members: &[Member], names: &Interner) -> Vec<ClusterSnapshot> {
+        members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                ClusterSnapshot::from_k8s(
+                    cluster(i),
+                    &m.services.values().cloned().collect::<Vec<_>>(),
+                    &m.exports.values().cloned().collect::<Vec<_>>(),
+                    &m.slices.values().cloned().collect::<Vec<_>>(),
+                    names,
+                )
+            })
+            .collect()
+    }
+
+    fn nth_key<T>(map: &BTreeMap<String, T>, i: usize) -> Option<String> {
+        map.keys().nth(i % map.len().max(1)).cloned()
+    }
+
+    fn id(namespace: &str, name: &str) -> NamespacedName {
+        NamespacedName::new(namespace, name)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        /// Any sequence of member events, each merged into only the services it touches
+        /// (with the falls back to a full merge where the order of IPs or slice names
+        /// matters), gives what a full merge of the final inputs gives, with the current
+        /// imports as the existing ones: imports, their IPs and status, imported slices and
+        /// their names, every export's conditions and the diagnostics.
+        #[test]
+        fn any_events_give_what_a_full_merge_of_the_final_state_gives(
+            (clusters, cfg, existing) in arb_case(),
+            events in prop::collection::vec(arb_event(), 1..16),
+        ) {
+            let names = Interner::new();
+            let mut members: Vec<Member> = (0..3).map(|_| Member::default()).collect();
+            for (i, (services, exports, slices)) in clusters.iter().enumerate() {
+                let m = &mut members[i];
+                m.services.extend(services.iter().map(|s| (name_of(&s.metadata), s.clone())));
+                m.exports.extend(exports.iter().map(|e| (name_of(&e.metadata), e.clone())));
+                m.slices.extend(slices.iter().map(|s| (name_of(&s.metadata), s.clone())));
+            }
+            let c0 = cluster(0);
+            let mut state = MergeState::new(cfg.clone(), c0.clone());
+            state.load(&snapshots_of(&members, &names), &existing);
+            let mut withdrawn = BTreeSet::new();
+
+            for event in events {
+                let mut dirty = BTreeSet::new();
+                let change = match event {
+                    Event::Service(c, s) => {
+                        members[c].services.insert(name_of(&s.metadata), s.clone());
+                        MemberChange::Service(cluster(c), Arc::new(ServiceRecord::from_k8s(&s, &names)))
+                    }
+                    Event::DeleteService(c, i) => {
+                        let Some(k) = nth_key(&members[c].services, i) else { continue };
+                        members[c].services.remove(&k);
+                        MemberChange::ServiceDeleted(cluster(c), id("demo", &k))
+                    }
+                    Event::Export(c, e) => {
+                        members[c].exports.insert(name_of(&e.metadata), e.clone());
+                        MemberChange::Export(cluster(c), Arc::new(ExportRecord::from_k8s(&e, &names)))
+                    }
+                    Event::DeleteExport(c, i) => {
+                        let Some(k) = nth_key(&members[c].exports, i) else { continue };
+                        members[c].exports.remove(&k);
+                        MemberChange::ExportDeleted(cluster(c), id("demo", &k))
+                    }
+                    Event::Slice(c, s) => {
+                        members[c].slices.insert(name_of(&s.metadata), s.clone());
+                        MemberChange::Slice(cluster(c), Arc::new(LocalSlice::from_k8s(&s, &names)))
+                    }
+                    Event::MoveSlice(c, mut s) => {
+                        s.metadata.name = Some("moving".into());
+                        members[c].slices.insert("moving".into(), s.clone());
+                        MemberChange::Slice(cluster(c), Arc::new(LocalSlice::from_k8s(&s, &names)))
+                    }
+                    Event::DeleteSlice(c, i) => {
+                        let Some(k) = nth_key(&members[c].slices, i) else { continue };
+                        members[c].slices.remove(&k);
+                        MemberChange::SliceDeleted(cluster(c), id("demo", &k))
+                    }
+                    Event::Withdraw(c, out) => {
+                        if out { withdrawn.insert(cluster(c)); } else { withdrawn.remove(&cluster(c)); }
+                        MemberChange::Withdrawn(cluster(c), out)
+                    }
+                };
+                state.apply(change, &mut dirty);
+                state.update(&dirty);
+            }
+
+            let incremental = state.output();
+            let mut full = MergeState::new(cfg, c0);
+            let mut ignored = BTreeSet::new();
+            for c in &withdrawn {
+                full.apply(MemberChange::Withdrawn(c.clone(), true), &mut ignored);
+            }
+            full.load(&snapshots_of(&members, &names), &incremental.service_imports);
+            prop_assert_eq!(incremental, full.output());
+        }
+    }
 }
