@@ -5,6 +5,7 @@
 pub mod bpf;
 pub mod cli;
 pub mod config;
+pub mod dns;
 pub mod explain;
 pub mod lb;
 pub mod merge;

@@ -28,13 +28,30 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// Installs the dataplane and, with `--dns-listen`, starts the DNS server fed by the node (it
+/// serves until the returned server is dropped).
+async fn start_node(
+    cfg: &loader::LoaderConfig,
+    dns: &cli::DnsArgs,
+) -> anyhow::Result<(node::Node, Option<dataplane_agent::dns::server::DnsServer>)> {
+    let mut node = node::Node::start(cfg).context("installing the dataplane")?;
+    let server = match dataplane_agent::dns::start(&dns.options()).await? {
+        Some((zone, server)) => {
+            node = node.with_dns(zone);
+            Some(server)
+        }
+        None => None,
+    };
+    Ok((node, server))
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Node(args) => {
             let cfg = args.dataplane.loader_config().map_err(anyhow::Error::msg)?;
             let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
             rt.block_on(async move {
-                let node = node::Node::start(&cfg).context("installing the dataplane")?;
+                let (node, _dns) = start_node(&cfg, &args.dns).await?;
                 let (tx, rx) = node::channel();
                 tokio::spawn(node::watch_node_dir(args.from_dir.clone(), tx));
                 node::run(node, rx, node::shutdown_signal()).await;
@@ -50,6 +67,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     identity: args.identity.clone().unwrap_or_else(cli::hostname),
                     lease_namespace: args.lease_namespace.clone(),
                     telemetry_address: args.metrics_address,
+                    dns: args.dns.options(),
                 };
                 let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
                 return rt
@@ -64,7 +82,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .context("reading the clusterset directory")?;
             let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
             rt.block_on(async move {
-                let node = node::Node::start(&cfg).context("installing the dataplane")?;
+                let (node, _dns) = start_node(&cfg, &args.dns).await?;
                 let (tx, rx) = node::channel();
                 tokio::spawn(standalone::watch_clusterset(
                     dir,

@@ -314,14 +314,14 @@ pub fn strip_import(si: &mut ServiceImport) {
     si.status = None;
 }
 
-/// Drops what the lb table does not read from an EndpointSlice (most metadata; endpoints'
-/// hostname, node, zone, hints and target): `build` gives the same table with or without it.
+/// Drops what neither the lb table nor DNS reads from an EndpointSlice (most metadata;
+/// endpoints' node, zone, hints and target): `build` gives the same table with or without it.
+/// The hostname stays: headless imports answer `<hostname>.<cluster>.<svc>...` with it.
 pub fn strip_slice(slice: &mut EndpointSlice) {
     strip_meta(&mut slice.metadata);
     for ep in &mut slice.endpoints {
         ep.deprecated_topology = None;
         ep.hints = None;
-        ep.hostname = None;
         ep.node_name = None;
         ep.target_ref = None;
         ep.zone = None;

@@ -1195,7 +1195,9 @@ mod incremental {
         }
         for s in &mut slices {
             strip_slice(s);
-            assert!(s.endpoints[0].hostname.is_none());
+            assert!(s.endpoints[0].node_name.is_none());
+            // DNS answers headless hosts by hostname.
+            assert_eq!(s.endpoints[0].hostname.as_deref(), Some("pod"));
         }
         assert_eq!(build(&imports, &slices), full);
     }

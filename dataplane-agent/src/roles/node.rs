@@ -23,6 +23,7 @@ use crate::{
         maps::MapWriter as _,
         sync::{MapSync, SyncError, SyncReport},
     },
+    dns::DnsZone,
     lb::{
         LbState,
         inputs::{Change, InputIndex},
@@ -120,6 +121,8 @@ pub struct Node {
     synced: bool,
     /// Services whose last write was refused (a full map): tried again with the next change.
     retry: BTreeSet<NamespacedName>,
+    /// The `clusterset.local` zone, when this node serves DNS: updated with the maps.
+    dns: Option<DnsZone>,
     pub attachment: Attachment,
     pub program_ids: Vec<(&'static str, u32)>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
@@ -155,10 +158,18 @@ impl Node {
             lb: LbState::default(),
             synced: false,
             retry: BTreeSet::new(),
+            dns: None,
             attachment,
             program_ids,
             logger,
         })
+    }
+
+    /// Keeps `zone` up to date with the inputs, from the first complete lists on (until then
+    /// it answers SERVFAIL).
+    pub fn with_dns(mut self, zone: DnsZone) -> Node {
+        self.dns = Some(zone);
+        self
     }
 
     /// Takes the eBPF log reader, to be pumped by [`pump_bpf_logs`].
@@ -177,6 +188,16 @@ impl Node {
         }
         if !self.inputs.is_ready() {
             return None;
+        }
+        if let Some(dns) = &self.dns {
+            let inputs = &self.inputs;
+            if self.synced {
+                if !dirty.is_empty() {
+                    dns.sync(&dirty, |s| inputs.inputs(s), false);
+                }
+            } else {
+                dns.sync(inputs.services(), |s| inputs.inputs(s), true);
+            }
         }
         let report = if self.synced {
             dirty.extend(std::mem::take(&mut self.retry));
