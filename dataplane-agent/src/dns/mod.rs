@@ -159,10 +159,6 @@ impl DnsZone {
         self.0.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn ttl(&self) -> u32 {
-        self.read().ttl()
-    }
-
     /// Rebuilds `services` from `inputs` and swaps them in; with `full`, every service not in
     /// `services` is dropped first (the first sync, after the initial lists). Marks the zone
     /// ready: the node calls this only once its inputs are complete.
@@ -172,12 +168,11 @@ impl DnsZone {
         inputs: impl Fn(&NamespacedName) -> ServiceInputs<'a>,
         full: bool,
     ) {
-        let ttl = self.ttl();
         let built: Vec<(zone::ServiceKey, Option<ServiceRecords>)> = services
             .into_iter()
             .map(|s| {
                 let records = dns_service(s, inputs(s)).and_then(|svc| {
-                    zone::build_service(&svc, ttl)
+                    zone::build_service(&svc)
                         .inspect_err(|e| warn!(service = %s, "no DNS records: {e}"))
                         .ok()
                 });

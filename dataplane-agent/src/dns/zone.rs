@@ -3,10 +3,12 @@
 //! are hickory-proto's.
 //!
 //! The zone is built per service from plain [`DnsService`]s (made from the node's inputs by
-//! [`super::dns_service`]). [`build_service`] turns one service into its [`ServiceRecords`]
-//! (every owner name it answers for, with the records ready to send), and [`Zone::splice`] swaps
-//! them in: a change to one service costs the size of that service. Every lookup is one hash
-//! lookup by the query name ([`Zone::answer`]).
+//! [`super::dns_service`]). [`build_service`] reduces one service to compact [`ServiceRecords`]
+//! (its name, ClusterSet IPs, named ports; for a headless import its ready hosts), and
+//! [`Zone::splice`] swaps them in: a change to one service costs the size of that service. A
+//! lookup ([`Zone::answer`]) is one hash lookup by the service's name (or, for PTR, by the IP)
+//! and a scan of that service's ports or hosts; the records are made for each answer, so the
+//! zone holds a few hundred bytes per ClusterSetIP import.
 //!
 //! What is served, for a service `<svc>.<ns>.svc.clusterset.local.` (F):
 //!
@@ -24,11 +26,7 @@
 //! node's inputs are complete ([`Zone::set_ready`]) every name of the zone gets SERVFAIL, never a
 //! wrong NXDOMAIN.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
-    sync::Arc,
-};
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
 use foldhash::{HashMap, HashMapExt as _};
 use hickory_proto::{
@@ -136,60 +134,134 @@ pub enum ZoneError {
     NameTooLong { namespace: String, name: String },
 }
 
-/// The records at one owner name.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Node {
-    a: Vec<Record>,
-    aaaa: Vec<Record>,
-    srv: Vec<Record>,
-    /// The A/AAAA records of the SRV targets (the additional section of an SRV answer).
-    srv_targets: Vec<Record>,
-    ptr: Vec<Record>,
-    txt: Vec<Record>,
-    soa: Vec<Record>,
-    ns: Vec<Record>,
+/// A named port's SRV label pair: `_<name>` and the protocol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct SrvPort {
+    /// `_<name>`, lowercase.
+    label: Box<str>,
+    protocol: DnsProtocol,
+    /// The port number in the SRV record (ClusterSetIP: the service port).
+    port: u16,
 }
 
-impl Node {
-    fn records(&self, rtype: RecordType) -> &[Record] {
-        match rtype {
-            RecordType::A => &self.a,
-            RecordType::AAAA => &self.aaaa,
-            RecordType::SRV => &self.srv,
-            RecordType::PTR => &self.ptr,
-            RecordType::TXT => &self.txt,
-            RecordType::SOA => &self.soa,
-            RecordType::NS => &self.ns,
-            _ => &[],
+/// A ready pod of a headless import: `<label>.<cluster>.<svc>...`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Host {
+    cluster: Arc<str>,
+    label: Box<str>,
+    v4: Vec<std::net::Ipv4Addr>,
+    v6: Vec<std::net::Ipv6Addr>,
+}
+
+/// The hosts of a headless import that serve one named port, with their port numbers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct HeadlessPort {
+    label: Box<str>,
+    protocol: DnsProtocol,
+    /// (index into `hosts`, port number of the host's slice), sorted by host name.
+    targets: Vec<(u32, u16)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Kind {
+    ClusterSetIp {
+        v4: Option<std::net::Ipv4Addr>,
+        v6: Option<std::net::Ipv6Addr>,
+        ports: Box<[SrvPort]>,
+    },
+    Headless {
+        /// Sorted by (cluster, label).
+        hosts: Box<[Host]>,
+        /// Every ready address, each once, sorted.
+        v4: Box<[std::net::Ipv4Addr]>,
+        v6: Box<[std::net::Ipv6Addr]>,
+        ports: Box<[HeadlessPort]>,
+    },
+}
+
+/// One service in the zone: its name and the compact data its answers are made from (records
+/// are made per query, so the zone holds a few hundred bytes per ClusterSetIP import).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceRecords {
+    /// `<svc>.<ns>.svc.clusterset.local.`
+    fqdn: Name,
+    kind: Kind,
+    /// Ports and endpoints left out because their names are not DNS labels.
+    pub skipped: Vec<String>,
+}
+
+impl ServiceRecords {
+    /// `<svc>.<ns>.svc.clusterset.local.`
+    pub fn fqdn(&self) -> &Name {
+        &self.fqdn
+    }
+
+    /// The ClusterSet IPs (for PTR).
+    fn ips(&self) -> Vec<IpAddr> {
+        match &self.kind {
+            Kind::ClusterSetIp { v4, v6, .. } => v4
+                .map(IpAddr::V4)
+                .into_iter()
+                .chain(v6.map(IpAddr::V6))
+                .collect(),
+            Kind::Headless { .. } => Vec::new(),
         }
     }
 
-    /// What an ANY query gets: the records of one type only, a minimal answer (RFC 8482).
-    fn any_type(&self) -> Option<RecordType> {
-        [
-            RecordType::A,
-            RecordType::AAAA,
-            RecordType::SRV,
-            RecordType::PTR,
-            RecordType::TXT,
-            RecordType::SOA,
-        ]
-        .into_iter()
-        .find(|t| !self.records(*t).is_empty())
+    /// Whether the service's name exists (a headless import with no ready pod has none).
+    fn exists(&self) -> bool {
+        !matches!(&self.kind, Kind::Headless { hosts, .. } if hosts.is_empty())
+    }
+
+    /// Every owner name with records, sorted (SRV names, hosts and the service itself).
+    pub fn names(&self) -> Vec<Name> {
+        if !self.exists() {
+            return Vec::new();
+        }
+        let mut out = vec![self.fqdn.clone()];
+        let mut push = |a: &str, b: &str| {
+            if let Some(n) = labels_name([a, b]).and_then(|n| n.append_domain(&self.fqdn).ok()) {
+                out.push(n);
+            }
+        };
+        match &self.kind {
+            Kind::ClusterSetIp { ports, .. } => {
+                for p in ports.iter() {
+                    push(&p.label, p.protocol.label());
+                }
+            }
+            Kind::Headless { hosts, ports, .. } => {
+                for p in ports.iter() {
+                    push(&p.label, p.protocol.label());
+                }
+                for h in hosts.iter() {
+                    push(&h.label, &h.cluster);
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn host_name(&self, host: &Host) -> Option<Name> {
+        labels_name([&*host.label, &*host.cluster])?
+            .append_domain(&self.fqdn)
+            .ok()
     }
 }
 
-/// The answer to one query: a response code and where its records come from. The records are
-/// shared with the zone (no copy per query).
+/// A service's identity in the zone: namespace and name.
+pub type ServiceKey = (String, String);
+
+/// The answer to one query: a response code and its records.
 #[derive(Clone, Debug)]
 pub struct Answer {
     pub code: ResponseCode,
     /// Whether the answer comes from this zone's data (the AA flag).
     pub authoritative: bool,
-    node: Option<Arc<Node>>,
-    rtype: RecordType,
-    /// The apex, whose SOA goes into the authority section of a negative answer.
-    apex: Option<Arc<Node>>,
+    answers: Vec<Record>,
+    authorities: Vec<Record>,
+    additionals: Vec<Record>,
 }
 
 impl Answer {
@@ -197,88 +269,44 @@ impl Answer {
         Answer {
             code,
             authoritative: false,
-            node: None,
-            rtype: RecordType::NULL,
-            apex: None,
+            answers: Vec::new(),
+            authorities: Vec::new(),
+            additionals: Vec::new(),
         }
     }
 
     /// The answer section.
     pub fn answers(&self) -> &[Record] {
-        self.node.as_ref().map_or(&[], |n| n.records(self.rtype))
+        &self.answers
     }
 
     /// The additional section: the addresses of SRV targets.
     pub fn additionals(&self) -> &[Record] {
-        match &self.node {
-            Some(n) if self.rtype == RecordType::SRV => &n.srv_targets,
-            _ => &[],
-        }
+        &self.additionals
     }
 
     /// The authority section: the SOA when the answer is empty (NXDOMAIN or no data).
     pub fn authorities(&self) -> &[Record] {
-        match &self.apex {
-            Some(apex) if self.answers().is_empty() => &apex.soa,
-            _ => &[],
-        }
+        &self.authorities
     }
 }
 
-/// The owner names and records of one service, built by [`build_service`].
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ServiceRecords {
-    /// `<svc>.<ns>.svc.clusterset.local.`
-    pub fqdn: Option<Name>,
-    /// Every owner name of the service with its records (empty nodes are names that exist
-    /// only because names below them do).
-    names: Vec<(LowerName, Node)>,
-    /// The ClusterSet IPs, for PTR.
-    ips: Vec<IpAddr>,
-    /// Ports and endpoints left out because their names are not DNS labels.
-    pub skipped: Vec<String>,
-}
-
-impl ServiceRecords {
-    /// The owner names this service answers for, in order.
-    pub fn names(&self) -> impl Iterator<Item = &LowerName> {
-        self.names.iter().map(|(n, _)| n)
-    }
-}
-
-/// A service's identity in the zone: namespace and name.
-pub type ServiceKey = (String, String);
-
-/// What the zone remembers of a spliced service.
-#[derive(Debug)]
-struct Spliced {
-    names: Vec<LowerName>,
-    ips: Vec<IpAddr>,
-    fqdn: Option<Name>,
-}
-
-/// Every answer of the zone, indexed by owner name.
+/// Every service of the zone, by name and by ClusterSet IP.
 #[derive(Debug)]
 pub struct Zone {
     ttl: u32,
     ready: bool,
     serial: u32,
     origin: LowerName,
-    apex_name: LowerName,
-    in_addr_arpa: LowerName,
-    ip6_arpa: LowerName,
-    apex: Arc<Node>,
-    /// Names that exist in every zone: the apex, `svc.`, `dns-version.`.
-    fixed: HashMap<LowerName, Arc<Node>>,
-    /// Every owner name of every service.
-    names: HashMap<LowerName, Arc<Node>>,
-    services: HashMap<ServiceKey, Spliced>,
-    /// `<ns>.svc.clusterset.local.` → how many services it holds (an empty non-terminal).
-    namespaces: HashMap<LowerName, usize>,
-    /// ClusterSet IP → the services listing it, sorted: the first one gets the PTR.
-    claims: HashMap<IpAddr, BTreeSet<ServiceKey>>,
-    /// Reverse name → its PTR node.
-    reverse: HashMap<LowerName, Arc<Node>>,
+    soa: Record,
+    ns: Record,
+    version: Record,
+    /// `<svc>.<ns>.svc.clusterset.local.` → the service.
+    services: HashMap<LowerName, Arc<ServiceRecords>>,
+    /// Namespace → how many services it holds (`<ns>.svc.clusterset.local.` exists while any).
+    namespaces: HashMap<Box<str>, usize>,
+    /// ClusterSet IP → the services listing it, by name: the first one gets the PTR.
+    ptr: HashMap<IpAddr, Vec<Arc<ServiceRecords>>>,
 }
 
 /// A name from labels checked to be DNS labels (letters, digits, `-`, `_`; 1 to 63 bytes).
@@ -339,42 +367,17 @@ pub fn port_names(namespace: &str, name: &str, port: Option<&DnsPort>) -> Vec<St
         protocol,
         ..
     }) = port
-        && !port_name.is_empty()
-        && let Some(srv) = srv_name(port_name, *protocol, &fqdn)
+        && is_label(port_name)
+        && let Some(srv) = labels_name([&format!("_{port_name}"), protocol.label()])
+            .and_then(|n| n.append_domain(&fqdn).ok())
     {
         out.push(srv.to_ascii());
     }
     out
 }
 
-fn srv_name(port_name: &str, protocol: DnsProtocol, fqdn: &Name) -> Option<Name> {
-    let port_label = format!("_{port_name}");
-    labels_name([port_label.as_str(), protocol.label()])?
-        .append_domain(fqdn)
-        .ok()
-}
-
 fn record(name: &Name, ttl: u32, data: RData) -> Record {
     Record::from_rdata(name.clone(), ttl, data)
-}
-
-fn address(name: &Name, ttl: u32, ip: IpAddr) -> Record {
-    match ip {
-        IpAddr::V4(v4) => record(name, ttl, RData::A(A(v4))),
-        IpAddr::V6(v6) => record(name, ttl, RData::AAAA(AAAA(v6))),
-    }
-}
-
-/// Adds an address record to a node once.
-fn push_address(node: &mut Node, name: &Name, ttl: u32, ip: IpAddr) {
-    let rec = address(name, ttl, ip);
-    let set = match ip {
-        IpAddr::V4(_) => &mut node.a,
-        IpAddr::V6(_) => &mut node.aaaa,
-    };
-    if !set.contains(&rec) {
-        set.push(rec);
-    }
 }
 
 /// Weight of each of `n` equal SRV records (they share 100).
@@ -382,9 +385,10 @@ fn weight(n: usize) -> u16 {
     u16::try_from(100 / n.max(1)).unwrap_or(1).max(1)
 }
 
-/// Builds every record of one service. An error means the service has no usable DNS name (a
-/// namespace, name or port name that is not a DNS label); it is then left out of the zone.
-pub fn build_service(svc: &DnsService, ttl: u32) -> Result<ServiceRecords, ZoneError> {
+/// Reduces one service to what its answers need. An error means the service has no usable DNS
+/// name (a namespace or name that is not a DNS label); it is then left out of the zone. Ports
+/// and endpoints with bad names are left out alone, and listed in `skipped`.
+pub fn build_service(svc: &DnsService) -> Result<ServiceRecords, ZoneError> {
     let bad = |what: &'static str, value: &str| ZoneError::BadLabel {
         namespace: svc.namespace.clone(),
         name: svc.name.clone(),
@@ -397,58 +401,56 @@ pub fn build_service(svc: &DnsService, ttl: u32) -> Result<ServiceRecords, ZoneE
     if !is_label(&svc.name) {
         return Err(bad("name", &svc.name));
     }
-    let too_long = || ZoneError::NameTooLong {
+    let fqdn = service_fqdn(&svc.namespace, &svc.name).ok_or_else(|| ZoneError::NameTooLong {
         namespace: svc.namespace.clone(),
         name: svc.name.clone(),
-    };
-    let fqdn = service_fqdn(&svc.namespace, &svc.name).ok_or_else(too_long)?;
+    })?;
     let mut skipped = Vec::new();
     // Named ports, each (name, protocol) once, in order.
-    let mut named: Vec<(&str, DnsProtocol, u16)> = Vec::new();
+    let mut named: Vec<SrvPort> = Vec::new();
     for p in &svc.ports {
-        if let Some(n) = p.name.as_deref().filter(|n| !n.is_empty()) {
-            if !is_label(n) {
-                skipped.push(format!(
-                    "port name {n:?} is not a DNS label: no SRV records"
-                ));
-                continue;
-            }
-            if !named.iter().any(|(m, pr, _)| *m == n && *pr == p.protocol) {
-                named.push((n, p.protocol, p.port));
-            }
+        let Some(n) = p.name.as_deref().filter(|n| !n.is_empty()) else {
+            continue;
+        };
+        if !is_label(n) {
+            skipped.push(format!(
+                "port name {n:?} is not a DNS label: no SRV records"
+            ));
+            continue;
+        }
+        let label: Box<str> = format!("_{}", n.to_ascii_lowercase()).into();
+        if !named
+            .iter()
+            .any(|m| m.label == label && m.protocol == p.protocol)
+        {
+            named.push(SrvPort {
+                label,
+                protocol: p.protocol,
+                port: p.port,
+            });
         }
     }
-    // Owner name → node, sorted, so the result does not depend on the input order.
-    let mut nodes: BTreeMap<Name, Node> = BTreeMap::new();
-    let mut ips = Vec::new();
-    match &svc.kind {
-        DnsKind::ClusterSetIp { ips: vips } => {
-            let mut top = Node::default();
-            for ip in vips {
-                push_address(&mut top, &fqdn, ttl, *ip);
-                if !ips.contains(ip) {
-                    ips.push(*ip);
-                }
+    let kind = match &svc.kind {
+        DnsKind::ClusterSetIp { ips } => {
+            let v4 = ips.iter().find_map(|ip| match ip {
+                IpAddr::V4(v4) => Some(*v4),
+                IpAddr::V6(_) => None,
+            });
+            let v6 = ips.iter().find_map(|ip| match ip {
+                IpAddr::V6(v6) => Some(*v6),
+                IpAddr::V4(_) => None,
+            });
+            Kind::ClusterSetIp {
+                v4,
+                v6,
+                ports: named.into(),
             }
-            let targets: Vec<Record> = top.a.iter().chain(&top.aaaa).cloned().collect();
-            for (port_name, protocol, number) in &named {
-                let owner = srv_name(port_name, *protocol, &fqdn).ok_or_else(too_long)?;
-                let node = nodes.entry(owner.clone()).or_default();
-                node.srv.push(record(
-                    &owner,
-                    ttl,
-                    RData::SRV(SRV::new(0, 100, *number, fqdn.clone())),
-                ));
-                node.srv_targets.clone_from(&targets);
-                nodes.entry(owner.base_name()).or_default();
-            }
-            nodes.insert(fqdn.clone(), top);
         }
         DnsKind::Headless => {
-            // (cluster, host) → the host's name and addresses; only ready endpoints count.
-            let mut hosts: BTreeMap<(String, String), (Name, Node)> = BTreeMap::new();
-            let mut top = Node::default();
-            for ep in svc.endpoints.iter().filter(|e| e.ready) {
+            let mut clusters: Vec<Arc<str>> = Vec::new();
+            let mut hosts: BTreeMap<(Arc<str>, String), Host> = BTreeMap::new();
+            let ready = svc.endpoints.iter().filter(|e| e.ready);
+            for ep in ready.clone() {
                 if !is_label(&ep.cluster) {
                     skipped.push(format!(
                         "endpoint {}: cluster id {:?} is not a DNS label; left out",
@@ -456,128 +458,281 @@ pub fn build_service(svc: &DnsService, ttl: u32) -> Result<ServiceRecords, ZoneE
                     ));
                     continue;
                 }
-                let host = host_label(ep.hostname.as_deref(), ep.ip);
-                let entry = match hosts.entry((ep.cluster.clone(), host)) {
-                    std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
-                    std::collections::btree_map::Entry::Vacant(v) => {
-                        let (cluster, host) = v.key();
-                        let name = labels_name([host.as_str(), cluster.as_str()])
-                            .and_then(|n| n.append_domain(&fqdn).ok())
-                            .ok_or_else(too_long)?;
-                        v.insert((name, Node::default()))
+                let cluster = match clusters.iter().find(|c| ***c == *ep.cluster) {
+                    Some(c) => c.clone(),
+                    None => {
+                        let c: Arc<str> = ep.cluster.to_ascii_lowercase().into();
+                        clusters.push(c.clone());
+                        c
                     }
                 };
-                push_address(&mut entry.1, &entry.0, ttl, ep.ip);
-                push_address(&mut top, &fqdn, ttl, ep.ip);
+                let label = host_label(ep.hostname.as_deref(), ep.ip);
+                let host = hosts
+                    .entry((cluster.clone(), label.clone()))
+                    .or_insert_with(|| Host {
+                        cluster,
+                        label: label.into(),
+                        v4: Vec::new(),
+                        v6: Vec::new(),
+                    });
+                match ep.ip {
+                    IpAddr::V4(v4) if !host.v4.contains(&v4) => host.v4.push(v4),
+                    IpAddr::V6(v6) if !host.v6.contains(&v6) => host.v6.push(v6),
+                    _ => {}
+                }
             }
-            if hosts.is_empty() {
-                // No ready endpoint: the name does not exist (NXDOMAIN).
-                return Ok(ServiceRecords {
-                    fqdn: Some(fqdn),
-                    skipped,
-                    ..Default::default()
-                });
-            }
-            for (port_name, protocol, _) in &named {
-                // Each host once, on the port number of its slice's port of that name.
-                let mut targets: BTreeMap<&Name, (u16, &Node)> = BTreeMap::new();
-                for ep in svc.endpoints.iter().filter(|e| e.ready) {
-                    let Some(p) = ep
+            let hosts: Vec<Host> = hosts
+                .into_values()
+                .map(|mut h| {
+                    h.v4.sort_unstable();
+                    h.v6.sort_unstable();
+                    h
+                })
+                .collect();
+            let mut ports = Vec::new();
+            for p in named {
+                let name = &p.label[1..];
+                let mut targets: Vec<(u32, u16)> = Vec::new();
+                for ep in ready.clone() {
+                    let Some(number) = ep
                         .ports
                         .iter()
-                        .find(|p| p.protocol == *protocol && p.name.as_deref() == Some(*port_name))
+                        .find(|q| q.protocol == p.protocol && q.name.as_deref() == Some(name))
+                        .map(|q| q.port)
                     else {
                         continue;
                     };
-                    let key = (
-                        ep.cluster.clone(),
-                        host_label(ep.hostname.as_deref(), ep.ip),
-                    );
-                    if let Some((name, node)) = hosts.get(&key) {
-                        targets.entry(name).or_insert((p.port, node));
+                    let label = host_label(ep.hostname.as_deref(), ep.ip);
+                    let Some(i) = hosts
+                        .iter()
+                        .position(|h| *h.cluster == *ep.cluster && *h.label == *label)
+                    else {
+                        continue;
+                    };
+                    let i = u32::try_from(i).unwrap_or(u32::MAX);
+                    if !targets.iter().any(|(t, _)| *t == i) {
+                        targets.push((i, number));
                     }
                 }
-                if targets.is_empty() {
-                    continue;
+                if !targets.is_empty() {
+                    targets.sort_unstable();
+                    ports.push(HeadlessPort {
+                        label: p.label,
+                        protocol: p.protocol,
+                        targets,
+                    });
                 }
-                let owner = srv_name(port_name, *protocol, &fqdn).ok_or_else(too_long)?;
-                let w = weight(targets.len());
-                let mut node = Node::default();
-                for (target, (number, host)) in &targets {
-                    node.srv.push(record(
-                        &owner,
-                        ttl,
-                        RData::SRV(SRV::new(0, w, *number, (*target).clone())),
-                    ));
-                    node.srv_targets
-                        .extend(host.a.iter().chain(&host.aaaa).cloned());
-                }
-                nodes.entry(owner.base_name()).or_default();
-                nodes.insert(owner, node);
             }
-            for (name, node) in hosts.into_values() {
-                // `<cluster>.<svc>...` exists (with no records) because its hosts do.
-                nodes.entry(name.base_name()).or_default();
-                nodes.insert(name, node);
+            ports.sort_by(|a, b| (&a.label, a.protocol).cmp(&(&b.label, b.protocol)));
+            let mut v4: Vec<_> = hosts.iter().flat_map(|h| h.v4.iter().copied()).collect();
+            let mut v6: Vec<_> = hosts.iter().flat_map(|h| h.v6.iter().copied()).collect();
+            v4.sort_unstable();
+            v4.dedup();
+            v6.sort_unstable();
+            v6.dedup();
+            Kind::Headless {
+                hosts: hosts.into(),
+                v4: v4.into(),
+                v6: v6.into(),
+                ports: ports.into(),
             }
-            nodes.insert(fqdn.clone(), top);
         }
-    }
+    };
     Ok(ServiceRecords {
-        fqdn: Some(fqdn),
-        names: nodes
-            .into_iter()
-            .map(|(n, node)| (LowerName::new(&n), node))
-            .collect(),
-        ips,
+        fqdn,
+        kind,
         skipped,
     })
 }
 
-fn fixed_name(s: &str) -> LowerName {
+fn fixed_name(s: &str) -> Name {
     // The constants below are valid names; the root is a harmless fallback.
-    LowerName::new(&Name::from_ascii(s).unwrap_or_else(|_| Name::root()))
+    Name::from_ascii(s).unwrap_or_else(|_| Name::root())
+}
+
+fn soa_record(ttl: u32, serial: u32) -> Record {
+    let soa = SOA::new(
+        fixed_name("ns.dns.clusterset.local."),
+        fixed_name("hostmaster.clusterset.local."),
+        serial,
+        7200,
+        1800,
+        86400,
+        ttl,
+    );
+    record(&fixed_name(ZONE), ttl, RData::SOA(soa))
+}
+
+/// The records of one service at one owner name below its name (`prefix`: the labels before
+/// `<svc>.<ns>.svc.clusterset.local.`, nearest first), or `None` when no such name exists.
+fn service_answer(
+    svc: &ServiceRecords,
+    prefix: &[&[u8]],
+    rtype: RecordType,
+    ttl: u32,
+    out: &mut Answer,
+) -> bool {
+    let fqdn = &svc.fqdn;
+    let addresses = |name: &Name,
+                     v4: &[std::net::Ipv4Addr],
+                     v6: &[std::net::Ipv6Addr],
+                     rtype: RecordType,
+                     out: &mut Vec<Record>| {
+        if matches!(rtype, RecordType::A | RecordType::ANY) {
+            out.extend(v4.iter().map(|ip| record(name, ttl, RData::A(A(*ip)))));
+        }
+        if rtype == RecordType::AAAA || (rtype == RecordType::ANY && v4.is_empty()) {
+            out.extend(
+                v6.iter()
+                    .map(|ip| record(name, ttl, RData::AAAA(AAAA(*ip)))),
+            );
+        }
+    };
+    let srv_protocol = |label: &[u8]| {
+        [DnsProtocol::Tcp, DnsProtocol::Udp, DnsProtocol::Sctp]
+            .into_iter()
+            .find(|p| p.label().as_bytes() == label)
+    };
+    let is_srv = matches!(rtype, RecordType::SRV | RecordType::ANY);
+    match (&svc.kind, prefix) {
+        (Kind::Headless { hosts, .. }, _) if hosts.is_empty() => false,
+        (Kind::ClusterSetIp { v4, v6, .. }, []) => {
+            addresses(fqdn, v4.as_slice(), v6.as_slice(), rtype, &mut out.answers);
+            true
+        }
+        (Kind::Headless { v4, v6, .. }, []) => {
+            addresses(fqdn, v4, v6, rtype, &mut out.answers);
+            true
+        }
+        // `_<proto>.<svc>...`: exists while a named port of that protocol has SRV records.
+        (Kind::ClusterSetIp { ports, .. }, [proto]) => ports
+            .iter()
+            .any(|p| p.protocol.label().as_bytes() == *proto),
+        (Kind::Headless { ports, hosts, .. }, [label]) => {
+            ports
+                .iter()
+                .any(|p| p.protocol.label().as_bytes() == *label)
+                || hosts.iter().any(|h| h.cluster.as_bytes() == *label)
+        }
+        (Kind::ClusterSetIp { v4, v6, ports }, [port, proto]) => {
+            let Some(p) = srv_protocol(proto).and_then(|protocol| {
+                ports
+                    .iter()
+                    .find(|p| p.protocol == protocol && p.label.as_bytes() == *port)
+            }) else {
+                return false;
+            };
+            if is_srv {
+                let Some(owner) = labels_name([&*p.label, p.protocol.label()])
+                    .and_then(|n| n.append_domain(fqdn).ok())
+                else {
+                    return false;
+                };
+                out.answers.push(record(
+                    &owner,
+                    ttl,
+                    RData::SRV(SRV::new(0, 100, p.port, fqdn.clone())),
+                ));
+                addresses(
+                    fqdn,
+                    v4.as_slice(),
+                    &[],
+                    RecordType::A,
+                    &mut out.additionals,
+                );
+                addresses(
+                    fqdn,
+                    &[],
+                    v6.as_slice(),
+                    RecordType::AAAA,
+                    &mut out.additionals,
+                );
+            }
+            true
+        }
+        (Kind::Headless { hosts, ports, .. }, [first, second]) if first.starts_with(b"_") => {
+            let Some(p) = srv_protocol(second).and_then(|protocol| {
+                ports
+                    .iter()
+                    .find(|p| p.protocol == protocol && p.label.as_bytes() == *first)
+            }) else {
+                return false;
+            };
+            if is_srv {
+                let Some(owner) = labels_name([&*p.label, p.protocol.label()])
+                    .and_then(|n| n.append_domain(fqdn).ok())
+                else {
+                    return false;
+                };
+                let w = weight(p.targets.len());
+                for (i, number) in &p.targets {
+                    let Some(host) = hosts.get(*i as usize) else {
+                        continue;
+                    };
+                    let Some(target) = svc.host_name(host) else {
+                        continue;
+                    };
+                    out.answers.push(record(
+                        &owner,
+                        ttl,
+                        RData::SRV(SRV::new(0, w, *number, target.clone())),
+                    ));
+                    addresses(&target, &host.v4, &[], RecordType::A, &mut out.additionals);
+                    addresses(
+                        &target,
+                        &[],
+                        &host.v6,
+                        RecordType::AAAA,
+                        &mut out.additionals,
+                    );
+                }
+            }
+            true
+        }
+        (Kind::Headless { hosts, .. }, [host, cluster]) => {
+            let Some(h) = hosts
+                .iter()
+                .find(|h| h.label.as_bytes() == *host && h.cluster.as_bytes() == *cluster)
+            else {
+                return false;
+            };
+            if let Some(name) = svc.host_name(h) {
+                addresses(&name, &h.v4, &h.v6, rtype, &mut out.answers);
+            }
+            true
+        }
+        _ => false,
+    }
 }
 
 impl Zone {
     /// An empty zone, not ready, answering with `ttl`.
     pub fn new(ttl: u32) -> Zone {
         let origin = fixed_name(ZONE);
-        let version = Name::from(&fixed_name("dns-version.clusterset.local."));
-        let mut fixed = HashMap::new();
-        fixed.insert(
-            LowerName::new(&version),
-            Arc::new(Node {
-                txt: vec![record(
-                    &version,
-                    VERSION_TTL,
-                    RData::TXT(TXT::new(vec![SCHEMA_VERSION.to_owned()])),
-                )],
-                ..Default::default()
-            }),
-        );
-        fixed.insert(fixed_name("svc.clusterset.local."), Arc::default());
-        let mut zone = Zone {
+        let version = fixed_name("dns-version.clusterset.local.");
+        Zone {
             ttl,
             ready: false,
             serial: 1,
-            apex_name: origin.clone(),
-            origin,
-            in_addr_arpa: fixed_name("in-addr.arpa."),
-            ip6_arpa: fixed_name("ip6.arpa."),
-            apex: Arc::default(),
-            fixed,
-            names: HashMap::new(),
+            soa: soa_record(ttl, 1),
+            ns: record(
+                &origin,
+                ttl,
+                RData::NS(NS(fixed_name("ns.dns.clusterset.local."))),
+            ),
+            version: record(
+                &version,
+                VERSION_TTL,
+                RData::TXT(TXT::new(vec![SCHEMA_VERSION.to_owned()])),
+            ),
+            origin: LowerName::new(&origin),
             services: HashMap::new(),
             namespaces: HashMap::new(),
-            claims: HashMap::new(),
-            reverse: HashMap::new(),
-        };
-        zone.set_apex();
-        zone
+            ptr: HashMap::new(),
+        }
     }
 
-    /// The TTL the zone's records are built with.
+    /// The TTL of the answers.
     pub fn ttl(&self) -> u32 {
         self.ttl
     }
@@ -596,185 +751,154 @@ impl Zone {
         self.serial
     }
 
-    /// How many services have records.
+    /// How many services are in the zone.
     pub fn service_count(&self) -> usize {
         self.services.len()
-    }
-
-    fn set_apex(&mut self) {
-        let apex = Name::from(&self.apex_name);
-        let ns = Name::from(&fixed_name("ns.dns.clusterset.local."));
-        let mbox = Name::from(&fixed_name("hostmaster.clusterset.local."));
-        let ttl = self.ttl;
-        let soa = SOA::new(ns.clone(), mbox, self.serial, 7200, 1800, 86400, ttl);
-        self.apex = Arc::new(Node {
-            soa: vec![record(&apex, ttl, RData::SOA(soa))],
-            ns: vec![record(&apex, ttl, RData::NS(NS(ns)))],
-            ..Default::default()
-        });
     }
 
     /// Marks a batch of changes: a new SOA serial.
     pub fn bump_serial(&mut self) {
         self.serial = self.serial.wrapping_add(1).max(1);
-        self.set_apex();
+        self.soa = soa_record(self.ttl, self.serial);
     }
 
     /// Removes every service.
     pub fn clear(&mut self) {
-        self.names.clear();
         self.services.clear();
         self.namespaces.clear();
-        self.claims.clear();
-        self.reverse.clear();
+        self.ptr.clear();
     }
 
-    /// Replaces the records of service `key` with `records` (`None`: the service is gone).
+    /// Replaces service `key` with `records` (`None`: the service is gone).
     pub fn splice(&mut self, key: ServiceKey, records: Option<ServiceRecords>) {
-        if let Some(old) = self.services.remove(&key) {
-            for name in &old.names {
-                self.names.remove(name);
-            }
-            if let Some(fqdn) = &old.fqdn {
-                self.leave_namespace(fqdn);
-            }
-            for ip in &old.ips {
-                if let Some(claims) = self.claims.get_mut(ip) {
-                    claims.remove(&key);
+        let Some(fqdn) = service_fqdn(&key.0, &key.1) else {
+            return;
+        };
+        let fqdn = LowerName::new(&fqdn);
+        if let Some(old) = self.services.remove(&fqdn) {
+            let namespace = key.0.to_ascii_lowercase();
+            if let Some(count) = self.namespaces.get_mut(namespace.as_str()) {
+                *count -= 1;
+                if *count == 0 {
+                    self.namespaces.remove(namespace.as_str());
                 }
-                self.set_ptr(*ip);
+            }
+            for ip in old.ips() {
+                if let Some(list) = self.ptr.get_mut(&ip) {
+                    list.retain(|s| !Arc::ptr_eq(s, &old));
+                    if list.is_empty() {
+                        self.ptr.remove(&ip);
+                    }
+                }
             }
         }
         let Some(records) = records else {
             return;
         };
-        let mut spliced = Spliced {
-            names: Vec::with_capacity(records.names.len()),
-            ips: records.ips,
-            fqdn: records.fqdn,
-        };
-        for (name, node) in records.names {
-            self.names.insert(name.clone(), Arc::new(node));
-            spliced.names.push(name);
+        let records = Arc::new(records);
+        *self
+            .namespaces
+            .entry(key.0.to_ascii_lowercase().into())
+            .or_default() += 1;
+        for ip in records.ips() {
+            let list = self.ptr.entry(ip).or_default();
+            let at = list.partition_point(|s| s.fqdn < records.fqdn);
+            list.insert(at, records.clone());
         }
-        if let Some(fqdn) = &spliced.fqdn {
-            *self
-                .namespaces
-                .entry(LowerName::new(&fqdn.base_name()))
-                .or_default() += 1;
-        }
-        for ip in &spliced.ips {
-            self.claims.entry(*ip).or_default().insert(key.clone());
-        }
-        let ips = spliced.ips.clone();
-        self.services.insert(key, spliced);
-        for ip in ips {
-            self.set_ptr(ip);
-        }
-    }
-
-    fn leave_namespace(&mut self, fqdn: &Name) {
-        let ns = LowerName::new(&fqdn.base_name());
-        if let Some(count) = self.namespaces.get_mut(&ns) {
-            *count -= 1;
-            if *count == 0 {
-                self.namespaces.remove(&ns);
-            }
-        }
-    }
-
-    /// Points the PTR of `ip` at the first service (in order) that lists it, or removes it.
-    fn set_ptr(&mut self, ip: IpAddr) {
-        let reverse = LowerName::new(&Name::from(ip));
-        let owner = self
-            .claims
-            .get(&ip)
-            .and_then(|c| c.first())
-            .and_then(|k| self.services.get(k))
-            .and_then(|s| s.fqdn.clone());
-        match owner {
-            Some(target) => {
-                let name = Name::from(ip);
-                let node = Node {
-                    ptr: vec![record(&name, self.ttl, RData::PTR(PTR(target)))],
-                    ..Default::default()
-                };
-                self.reverse.insert(reverse, Arc::new(node));
-            }
-            None => {
-                self.claims.remove(&ip);
-                self.reverse.remove(&reverse);
-            }
-        }
+        self.services.insert(fqdn, records);
     }
 
     /// The answer to a query for `name` and `rtype` (class IN).
     pub fn answer(&self, name: &LowerName, rtype: RecordType) -> Answer {
         let in_zone = self.origin.zone_of(name);
-        let reverse = !in_zone && self.is_reverse(name);
-        if !in_zone && !reverse {
-            return Answer::code(ResponseCode::Refused);
-        }
+        let reverse = if in_zone {
+            None
+        } else {
+            match name.parse_arpa_name() {
+                Ok(net) if net.prefix_len() == net.max_prefix_len() => Some(net.addr()),
+                // Not clusterset.local and not one address's reverse name: not ours.
+                _ => return Answer::code(ResponseCode::Refused),
+            }
+        };
         match rtype {
             // Zone transfers are not offered.
             RecordType::AXFR | RecordType::IXFR => return Answer::code(ResponseCode::Refused),
             // A pseudo-record is not something to ask for.
-            RecordType::OPT | RecordType::TSIG => {
-                return Answer::code(ResponseCode::FormErr);
-            }
+            RecordType::OPT | RecordType::TSIG => return Answer::code(ResponseCode::FormErr),
+            // MAILB, MAILA: obsolete meta-queries.
             RecordType::Unknown(253 | 254) => return Answer::code(ResponseCode::NotImp),
             _ => {}
         }
         if !self.ready {
             return Answer::code(ResponseCode::ServFail);
         }
-        let node = if reverse {
-            match self.reverse.get(name) {
-                Some(node) => node,
-                // Not a ClusterSet IP: not this server's name to answer for.
-                None => return Answer::code(ResponseCode::Refused),
-            }
-        } else if *name == self.apex_name {
-            &self.apex
-        } else if let Some(node) = self.names.get(name).or_else(|| self.fixed.get(name)) {
-            node
-        } else if self.namespaces.contains_key(name) {
-            // `<ns>.svc.clusterset.local.`: exists because services do.
-            return self.negative(ResponseCode::NoError);
-        } else {
-            return self.negative(ResponseCode::NXDomain);
-        };
-        let rtype = if rtype == RecordType::ANY {
-            node.any_type().unwrap_or(RecordType::A)
-        } else {
-            rtype
-        };
-        Answer {
+        let mut out = Answer {
             code: ResponseCode::NoError,
             authoritative: true,
-            node: Some(node.clone()),
-            rtype,
-            apex: (!reverse).then(|| self.apex.clone()),
+            answers: Vec::new(),
+            authorities: Vec::new(),
+            additionals: Vec::new(),
+        };
+        if let Some(ip) = reverse {
+            // Only the reverse names of ClusterSet IPs are answered.
+            let Some(owner) = self.ptr.get(&ip).and_then(|l| l.first()) else {
+                return Answer::code(ResponseCode::Refused);
+            };
+            if matches!(rtype, RecordType::PTR | RecordType::ANY) {
+                out.answers.push(record(
+                    &Name::from(ip),
+                    self.ttl,
+                    RData::PTR(PTR(owner.fqdn.clone())),
+                ));
+            }
+            return out;
         }
+        if !self.lookup(name, rtype, &mut out) {
+            out.code = ResponseCode::NXDomain;
+        }
+        if out.answers.is_empty() {
+            out.authorities.push(self.soa.clone());
+        }
+        out
     }
 
-    /// Whether `name` is a full-length reverse name (`d.c.b.a.in-addr.arpa.`, or the 32 nibbles
-    /// under `ip6.arpa.`): the name of one address.
-    fn is_reverse(&self, name: &LowerName) -> bool {
-        match name.num_labels() {
-            6 => self.in_addr_arpa.zone_of(name),
-            34 => self.ip6_arpa.zone_of(name),
-            _ => false,
+    /// Fills `out` for a name of the zone; `false` when the name does not exist.
+    fn lookup(&self, name: &LowerName, rtype: RecordType, out: &mut Answer) -> bool {
+        // Labels nearest first: [..., <svc>, <ns>, svc, clusterset, local].
+        let mut labels: [&[u8]; 8] = [&[]; 8];
+        let n = usize::from(name.num_labels());
+        if n > labels.len() {
+            return false;
         }
-    }
-
-    fn negative(&self, code: ResponseCode) -> Answer {
-        Answer {
-            code,
-            authoritative: true,
-            node: None,
-            rtype: RecordType::NULL,
-            apex: Some(self.apex.clone()),
+        for (slot, label) in labels.iter_mut().zip(name.iter()) {
+            *slot = label;
+        }
+        let any = rtype == RecordType::ANY;
+        match n {
+            2 => {
+                match rtype {
+                    RecordType::SOA | RecordType::ANY => out.answers.push(self.soa.clone()),
+                    RecordType::NS => out.answers.push(self.ns.clone()),
+                    _ => {}
+                }
+                true
+            }
+            3 if labels[0] == b"dns-version" => {
+                if rtype == RecordType::TXT || any {
+                    out.answers.push(self.version.clone());
+                }
+                true
+            }
+            3 => labels[0] == b"svc",
+            _ if labels[n - 3] != b"svc" => false,
+            4 => std::str::from_utf8(labels[0]).is_ok_and(|ns| self.namespaces.contains_key(ns)),
+            _ => {
+                let fqdn = LowerName::new(&name.trim_to(5));
+                match self.services.get(&fqdn) {
+                    Some(svc) => service_answer(svc, &labels[..n - 5], rtype, self.ttl, out),
+                    None => false,
+                }
+            }
         }
     }
 }
