@@ -126,6 +126,18 @@ pub fn dns_service(service: &NamespacedName, inputs: ServiceInputs<'_>) -> Optio
     Some(out)
 }
 
+/// The DNS names of a service port, for `explain` and `inspect`:
+/// `<svc>.<ns>.svc.clusterset.local.` and, for a named port,
+/// `_<port>._<protocol>.<svc>.<ns>.svc.clusterset.local.` (`protocol` as Kubernetes spells it).
+pub fn dns_names(namespace: &str, name: &str, port_name: &str, protocol: &str) -> Vec<String> {
+    let port = DnsProtocol::parse(Some(protocol)).map(|protocol| DnsPort {
+        name: Some(port_name.to_owned()).filter(|n| !n.is_empty()),
+        protocol,
+        port: 0,
+    });
+    zone::port_names(namespace, name, port.as_ref())
+}
+
 /// How the DNS server is set up.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DnsOptions {

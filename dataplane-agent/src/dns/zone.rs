@@ -563,6 +563,40 @@ fn soa_record(ttl: u32, serial: u32) -> Record {
     record(&fixed_name(ZONE), ttl, RData::SOA(soa))
 }
 
+/// Every address of a name, A records then AAAA (the additional section of an SRV answer).
+fn both_families(
+    name: &Name,
+    v4: &[std::net::Ipv4Addr],
+    v6: &[std::net::Ipv6Addr],
+    ttl: u32,
+    out: &mut Vec<Record>,
+) {
+    out.extend(v4.iter().map(|ip| record(name, ttl, RData::A(A(*ip)))));
+    out.extend(
+        v6.iter()
+            .map(|ip| record(name, ttl, RData::AAAA(AAAA(*ip)))),
+    );
+}
+
+/// The port of `ports` that `_<port>._<proto>` names, and that SRV owner name under `fqdn`.
+fn find_srv<'p, P>(
+    ports: &'p [P],
+    key: impl Fn(&P) -> (&str, DnsProtocol),
+    port: &[u8],
+    proto: &[u8],
+    fqdn: &Name,
+) -> Option<(&'p P, Name)> {
+    let found = ports.iter().find(|p| {
+        let (label, protocol) = key(p);
+        label.as_bytes() == port && protocol.label().as_bytes() == proto
+    })?;
+    let (label, protocol) = key(found);
+    let owner = labels_name([label, protocol.label()])?
+        .append_domain(fqdn)
+        .ok()?;
+    Some((found, owner))
+}
+
 /// The records of one service at one owner name below its name (`prefix`: the labels before
 /// `<svc>.<ns>.svc.clusterset.local.`, nearest first), or `None` when no such name exists.
 fn service_answer(
@@ -588,11 +622,6 @@ fn service_answer(
             );
         }
     };
-    let srv_protocol = |label: &[u8]| {
-        [DnsProtocol::Tcp, DnsProtocol::Udp, DnsProtocol::Sctp]
-            .into_iter()
-            .find(|p| p.label().as_bytes() == label)
-    };
     let is_srv = matches!(rtype, RecordType::SRV | RecordType::ANY);
     match (&svc.kind, prefix) {
         (Kind::Headless { hosts, .. }, _) if hosts.is_empty() => false,
@@ -615,55 +644,32 @@ fn service_answer(
                 || hosts.iter().any(|h| h.cluster.as_bytes() == *label)
         }
         (Kind::ClusterSetIp { v4, v6, ports }, [port, proto]) => {
-            let Some(p) = srv_protocol(proto).and_then(|protocol| {
-                ports
-                    .iter()
-                    .find(|p| p.protocol == protocol && p.label.as_bytes() == *port)
-            }) else {
+            let Some((p, owner)) = find_srv(ports, |p| (&p.label, p.protocol), port, proto, fqdn)
+            else {
                 return false;
             };
             if is_srv {
-                let Some(owner) = labels_name([&*p.label, p.protocol.label()])
-                    .and_then(|n| n.append_domain(fqdn).ok())
-                else {
-                    return false;
-                };
                 out.answers.push(record(
                     &owner,
                     ttl,
                     RData::SRV(SRV::new(0, 100, p.port, fqdn.clone())),
                 ));
-                addresses(
+                both_families(
                     fqdn,
                     v4.as_slice(),
-                    &[],
-                    RecordType::A,
-                    &mut out.additionals,
-                );
-                addresses(
-                    fqdn,
-                    &[],
                     v6.as_slice(),
-                    RecordType::AAAA,
+                    ttl,
                     &mut out.additionals,
                 );
             }
             true
         }
-        (Kind::Headless { hosts, ports, .. }, [first, second]) if first.starts_with(b"_") => {
-            let Some(p) = srv_protocol(second).and_then(|protocol| {
-                ports
-                    .iter()
-                    .find(|p| p.protocol == protocol && p.label.as_bytes() == *first)
-            }) else {
+        (Kind::Headless { hosts, ports, .. }, [port, proto]) if port.starts_with(b"_") => {
+            let Some((p, owner)) = find_srv(ports, |p| (&p.label, p.protocol), port, proto, fqdn)
+            else {
                 return false;
             };
             if is_srv {
-                let Some(owner) = labels_name([&*p.label, p.protocol.label()])
-                    .and_then(|n| n.append_domain(fqdn).ok())
-                else {
-                    return false;
-                };
                 let w = weight(p.targets.len());
                 for (i, number) in &p.targets {
                     let Some(host) = hosts.get(*i as usize) else {
