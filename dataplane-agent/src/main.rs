@@ -30,12 +30,12 @@ fn main() -> std::process::ExitCode {
 
 /// Installs the dataplane and, with `--dns-listen`, starts the DNS server fed by the node (it
 /// serves until the returned server is dropped).
-async fn start_node(
+fn start_node(
     cfg: &loader::LoaderConfig,
     dns: &cli::DnsArgs,
 ) -> anyhow::Result<(node::Node, Option<dataplane_agent::dns::server::DnsServer>)> {
     let mut node = node::Node::start(cfg).context("installing the dataplane")?;
-    let server = match dataplane_agent::dns::start(&dns.options()).await? {
+    let server = match dataplane_agent::dns::start(&dns.options())? {
         Some((zone, server)) => {
             node = node.with_dns(zone);
             Some(server)
@@ -51,7 +51,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let cfg = args.dataplane.loader_config().map_err(anyhow::Error::msg)?;
             let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
             rt.block_on(async move {
-                let (node, _dns) = start_node(&cfg, &args.dns).await?;
+                let (node, _dns) = start_node(&cfg, &args.dns)?;
                 let (tx, rx) = node::channel();
                 tokio::spawn(node::watch_node_dir(args.from_dir.clone(), tx));
                 node::run(node, rx, node::shutdown_signal()).await;
@@ -82,7 +82,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 .context("reading the clusterset directory")?;
             let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
             rt.block_on(async move {
-                let (node, _dns) = start_node(&cfg, &args.dns).await?;
+                let (node, _dns) = start_node(&cfg, &args.dns)?;
                 let (tx, rx) = node::channel();
                 tokio::spawn(standalone::watch_clusterset(
                     dir,

@@ -159,7 +159,7 @@ async fn start() -> (Feed, DnsServer, SocketAddr) {
         listen: vec!["127.0.0.1:0".parse().unwrap()],
         ttl: 5,
     };
-    let (zone, server) = dns::start(&options).await.unwrap().unwrap();
+    let (zone, server) = dns::start(&options).unwrap().unwrap();
     let addr = server.addresses[0];
     let feed = Feed {
         index: InputIndex::default(),

@@ -207,15 +207,14 @@ impl DnsZone {
 }
 
 /// Starts the DNS server when `options` lists addresses: the zone to hand to the node role
-/// (`Node::with_dns`) and the server, which serves until dropped. Must run inside a tokio
-/// runtime.
-pub async fn start(
+/// (`Node::with_dns`) and the server, which serves (from threads of its own) until dropped.
+pub fn start(
     options: &DnsOptions,
 ) -> Result<Option<(DnsZone, server::DnsServer)>, server::DnsServerError> {
     if options.listen.is_empty() {
         return Ok(None);
     }
     let zone = DnsZone::new(options.ttl);
-    let server = server::serve(&options.listen, zone.clone()).await?;
+    let server = server::serve(&options.listen, zone.clone())?;
     Ok(Some((zone, server)))
 }

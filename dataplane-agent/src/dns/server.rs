@@ -1,6 +1,6 @@
 //! The DNS server: hickory-server's [`Server`] with a [`RequestHandler`] that answers from the
-//! node's [`DnsZone`]. Each `--dns-listen` address gets UDP sockets (one per core, with
-//! `SO_REUSEPORT`, so the kernel spreads queries over them) and a TCP listener.
+//! node's [`DnsZone`]. Each `--dns-listen` address gets a UDP socket, read by one thread per
+//! core ([`DnsServer`]), and a TCP listener.
 //!
 //! Malformed messages get FORMERR from hickory itself (the handler never sees them); the
 //! handler answers opcodes other than QUERY with NOTIMP, more or less than one question with
@@ -20,7 +20,7 @@ use hickory_server::{
     server::{Request, RequestHandler, ResponseHandler, ResponseInfo},
     zone_handler::MessageResponseBuilder,
 };
-use tracing::{debug, info};
+use tracing::{debug, error, info};
 
 use super::DnsZone;
 
@@ -37,6 +37,8 @@ pub enum DnsServerError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("DNS: cannot start a serving thread: {0}")]
+    Thread(std::io::Error),
 }
 
 /// Answers queries from the zone.
@@ -113,60 +115,117 @@ impl RequestHandler for ZoneRequestHandler {
     }
 }
 
-/// A running DNS server; it stops when dropped.
+/// A running DNS server: one thread per core, each with its own single-threaded runtime reading
+/// the same UDP socket of each address, so a query is received, answered and sent on one thread
+/// with no hand-over between threads, by whichever thread is free (the node's map syncs run
+/// elsewhere and never delay it). The first thread also serves TCP. It stops when dropped.
 pub struct DnsServer {
-    server: Server<ZoneRequestHandler>,
+    /// Dropping it tells every thread to stop.
+    _stop: tokio::sync::watch::Sender<()>,
     /// The bound addresses (UDP and TCP share each port).
     pub addresses: Vec<SocketAddr>,
 }
 
-impl DnsServer {
-    /// Stops serving.
-    pub async fn shutdown(mut self) {
-        let _ = self.server.shutdown_gracefully().await;
-    }
-}
-
 fn udp_socket(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    if addr.is_ipv6() {
-        socket.set_only_v6(true)?;
-    }
-    socket.set_reuse_port(true)?;
+    let socket = std::net::UdpSocket::bind(addr)?;
     socket.set_nonblocking(true)?;
-    socket.bind(&addr.into())?;
-    Ok(socket.into())
+    Ok(socket)
 }
 
-/// Binds every address (UDP and TCP) and serves `zone` on them. Must run inside a tokio
-/// runtime. A port of 0 is chosen by the kernel once and shared by UDP and TCP.
-pub async fn serve(listen: &[SocketAddr], zone: DnsZone) -> Result<DnsServer, DnsServerError> {
-    let mut server = Server::new(ZoneRequestHandler::new(zone));
-    let mut addresses = Vec::new();
-    let sockets = std::thread::available_parallelism().map_or(1, |n| n.get());
-    for requested in listen {
-        let tcp = tokio::net::TcpListener::bind(requested)
-            .await
-            .map_err(|source| DnsServerError::Bind {
-                proto: "TCP",
-                addr: *requested,
-                source,
-            })?;
-        let addr = tcp.local_addr().unwrap_or(*requested);
-        for _ in 0..sockets {
-            let udp = udp_socket(addr)
-                .and_then(tokio::net::UdpSocket::from_std)
-                .map_err(|source| DnsServerError::Bind {
-                    proto: "UDP",
-                    addr,
-                    source,
-                })?;
-            server.register_socket(udp);
+/// The sockets of one serving thread.
+struct ThreadSockets {
+    udp: Vec<std::net::UdpSocket>,
+    tcp: Vec<std::net::TcpListener>,
+}
+
+/// Serves `sockets` on this thread until `stop` is dropped.
+fn serve_thread(
+    index: usize,
+    sockets: ThreadSockets,
+    zone: DnsZone,
+    mut stop: tokio::sync::watch::Receiver<()>,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!(thread = index, error = %e, "DNS: cannot start a serving thread");
+            return;
         }
-        server.register_listener(tcp, TCP_TIMEOUT, TCP_RESPONSE_BUFFER);
-        info!(%addr, "serving clusterset.local DNS on UDP and TCP");
+    };
+    runtime.block_on(async move {
+        let mut server = Server::new(ZoneRequestHandler::new(zone));
+        for udp in sockets.udp {
+            match tokio::net::UdpSocket::from_std(udp) {
+                Ok(udp) => server.register_socket(udp),
+                Err(e) => error!(thread = index, error = %e, "DNS: a UDP socket failed"),
+            }
+        }
+        for tcp in sockets.tcp {
+            match tokio::net::TcpListener::from_std(tcp) {
+                Ok(tcp) => server.register_listener(tcp, TCP_TIMEOUT, TCP_RESPONSE_BUFFER),
+                Err(e) => error!(thread = index, error = %e, "DNS: a TCP listener failed"),
+            }
+        }
+        tokio::select! {
+            done = server.block_until_done() => {
+                if let Err(e) = done {
+                    error!(thread = index, error = %e, "DNS: serving stopped");
+                }
+            }
+            _ = stop.changed() => {
+                let _ = server.shutdown_gracefully().await;
+            }
+        }
+    });
+}
+
+/// Binds every address (UDP and TCP) and serves `zone` on them from threads of its own. A
+/// port of 0 is chosen by the kernel once and shared by UDP and TCP.
+pub fn serve(listen: &[SocketAddr], zone: DnsZone) -> Result<DnsServer, DnsServerError> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut per_thread: Vec<ThreadSockets> = (0..threads)
+        .map(|_| ThreadSockets {
+            udp: Vec::new(),
+            tcp: Vec::new(),
+        })
+        .collect();
+    let mut addresses = Vec::new();
+    for requested in listen {
+        let bind_error = |proto, addr, source| DnsServerError::Bind {
+            proto,
+            addr,
+            source,
+        };
+        let tcp = std::net::TcpListener::bind(requested)
+            .and_then(|tcp| tcp.set_nonblocking(true).map(|()| tcp))
+            .map_err(|e| bind_error("TCP", *requested, e))?;
+        let addr = tcp.local_addr().unwrap_or(*requested);
+        // One socket, read by every thread: whichever is free takes the next query.
+        let udp = udp_socket(addr).map_err(|e| bind_error("UDP", addr, e))?;
+        for sockets in &mut per_thread {
+            sockets
+                .udp
+                .push(udp.try_clone().map_err(|e| bind_error("UDP", addr, e))?);
+        }
+        if let Some(first) = per_thread.first_mut() {
+            first.tcp.push(tcp);
+        }
+        info!(%addr, threads, "serving clusterset.local DNS on UDP and TCP");
         addresses.push(addr);
     }
-    Ok(DnsServer { server, addresses })
+    let (stop, stopped) = tokio::sync::watch::channel(());
+    for (index, sockets) in per_thread.into_iter().enumerate() {
+        let (zone, stopped) = (zone.clone(), stopped.clone());
+        std::thread::Builder::new()
+            .name(format!("dns-{index}"))
+            .spawn(move || serve_thread(index, sockets, zone, stopped))
+            .map_err(DnsServerError::Thread)?;
+    }
+    Ok(DnsServer {
+        _stop: stop,
+        addresses,
+    })
 }

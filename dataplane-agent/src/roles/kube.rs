@@ -314,7 +314,7 @@ pub async fn run(
     let mut dns_server = None;
     let node = if roles.node() {
         let mut node = Node::start(&loader)?;
-        if let Some((zone, server)) = crate::dns::start(&options.dns).await? {
+        if let Some((zone, server)) = crate::dns::start(&options.dns)? {
             node = node.with_dns(zone);
             dns_server = Some(server);
         }

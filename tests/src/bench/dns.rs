@@ -9,8 +9,9 @@
 //! from the same [`records`], not from our server. The query file asks A, AAAA, SRV, PTR and
 //! per-host names of every import, and names that do not exist. Per server: the highest rate
 //! `dnsperf` reaches (`qps`), then the latency percentiles at a fixed rate of half NSD's (from
-//! dnsperf's per-query output, `-v`). The agent's memory is read with and without
-//! `--dns-listen` over the same directory.
+//! dnsperf's per-query output, `-v`). The two servers take turns, and the median of `rounds`
+//! runs is reported. The agent's memory is read with and without `--dns-listen` over the same
+//! directory.
 
 use std::{
     fmt::Write as _,
@@ -37,6 +38,8 @@ pub struct DnsBenchOptions {
     pub imports: Vec<usize>,
     /// Seconds of load per dnsperf run.
     pub seconds: f64,
+    /// Runs per server and measure; the median one is reported.
+    pub rounds: usize,
     /// Where the zone files, the node directory and the query file go.
     pub work_dir: PathBuf,
 }
@@ -66,6 +69,7 @@ pub struct DnsMemory {
 #[derive(Clone, Debug, Serialize)]
 pub struct DnsReport {
     pub seconds: f64,
+    pub rounds: usize,
     pub queries_per_file: usize,
     pub rows: Vec<DnsRow>,
     pub memory: Vec<DnsMemory>,
@@ -411,6 +415,7 @@ pub fn run(opts: &DnsBenchOptions) -> anyhow::Result<DnsReport> {
     }
     let mut report = DnsReport {
         seconds: opts.seconds,
+        rounds: opts.rounds,
         queries_per_file: 0,
         rows: Vec::new(),
         memory: Vec::new(),
@@ -451,22 +456,34 @@ pub fn run(opts: &DnsBenchOptions) -> anyhow::Result<DnsReport> {
             dataplane_agent::dns::zone::DEFAULT_TTL,
         )?;
 
-        let ours = dnsperf(addr, &query_file, opts.seconds, None)?;
-        let theirs = dnsperf(nsd.addr, &query_file, opts.seconds, None)?;
-        let rate = theirs.qps / 2.0;
-        let mut ours_lat = dnsperf(addr, &query_file, opts.seconds, Some(rate))?;
-        let mut theirs_lat = dnsperf(nsd.addr, &query_file, opts.seconds, Some(rate))?;
-        for (server, max, lat) in [
-            ("ours", &ours, &mut ours_lat),
-            ("nsd", &theirs, &mut theirs_lat),
-        ] {
+        // The servers take turns, round after round (the machine is shared: the median round
+        // of each is reported).
+        let servers = [("ours", addr), ("nsd", nsd.addr)];
+        let mut peaks: [Vec<Perf>; 2] = Default::default();
+        for round in 0..opts.rounds.max(1) {
+            for i in [round % 2, 1 - round % 2] {
+                peaks[i].push(dnsperf(servers[i].1, &query_file, opts.seconds, None)?);
+            }
+        }
+        let rate = median_by(&peaks[1], |p| p.qps).map_or(0.0, |p| p.qps) / 2.0;
+        let mut latencies: [Vec<Summary>; 2] = Default::default();
+        for round in 0..opts.rounds.max(1) {
+            for i in [round % 2, 1 - round % 2] {
+                let mut run = dnsperf(servers[i].1, &query_file, opts.seconds, Some(rate))?;
+                latencies[i].push(summarize(&mut run.latencies));
+            }
+        }
+        for (i, (server, _)) in servers.iter().enumerate() {
+            let peak = median_by(&peaks[i], |p| p.qps).cloned().unwrap_or_default();
             report.rows.push(DnsRow {
                 imports: n,
-                server: server.into(),
-                qps: max.qps,
-                lost: max.lost,
+                server: (*server).into(),
+                qps: peak.qps,
+                lost: peak.lost,
                 latency_rate: rate,
-                latency: summarize(&mut lat.latencies),
+                latency: median_by(&latencies[i], |s| s.p99_ms)
+                    .copied()
+                    .unwrap_or_default(),
             });
         }
         drop(nsd);
@@ -474,6 +491,13 @@ pub fn run(opts: &DnsBenchOptions) -> anyhow::Result<DnsReport> {
         drop(topo);
     }
     Ok(report)
+}
+
+/// The middle item by `key` (the upper one of an even count).
+fn median_by<T>(items: &[T], key: impl Fn(&T) -> f64) -> Option<&T> {
+    let mut sorted: Vec<&T> = items.iter().collect();
+    sorted.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    sorted.get(sorted.len() / 2).copied()
 }
 
 fn which(program: &str) -> bool {
@@ -490,8 +514,8 @@ fn rss_of(agent: &Agent) -> anyhow::Result<f64> {
 pub fn markdown(out: &mut String, dns: &DnsReport) {
     let _ = writeln!(
         out,
-        "## clusterset.local DNS\n\nOur server (the agent, `node --from-dir --dns-listen`) and NSD with the same records from a zone file, on loopback, loaded by dnsperf ({} s per run, 4 clients, {} queries in the file: A, AAAA, SRV, PTR, per-host and missing names). `qps`: the highest rate dnsperf reached; latency: at a fixed rate of half NSD's qps.\n",
-        dns.seconds, dns.queries_per_file
+        "## clusterset.local DNS\n\nOur server (the agent, `node --from-dir --dns-listen`) and NSD with the same records from a zone file, on loopback, loaded by dnsperf ({} s per run, 4 clients, {} queries in the file: A, AAAA, SRV, PTR, per-host and missing names). `qps`: the highest rate dnsperf reached; latency: at a fixed rate of half NSD's qps. The servers take turns; each figure is the median of {} runs.\n",
+        dns.seconds, dns.queries_per_file, dns.rounds
     );
     let _ = writeln!(
         out,

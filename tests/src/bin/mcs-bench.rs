@@ -125,6 +125,7 @@ fn main() -> anyhow::Result<()> {
             vec![1_000, 10_000]
         }),
         seconds: args.seconds.unwrap_or(if args.quick { 2.0 } else { 5.0 }),
+        rounds: if args.quick { 1 } else { 3 },
         work_dir: work_dir.clone(),
     };
     let dns = match wanted("dns") {
