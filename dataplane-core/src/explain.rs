@@ -39,6 +39,9 @@ pub struct Explanation {
     /// One verdict per cluster the import lists or that has slices of its service, sorted by
     /// id; empty when the address is not a port of an import.
     pub clusters: Vec<ClusterVerdict>,
+    /// The `clusterset.local` names of the service and port (served with `--dns-listen`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dns_names: Vec<String>,
 }
 
 impl fmt::Display for Explanation {
@@ -51,6 +54,9 @@ impl fmt::Display for Explanation {
                 "not eligible"
             };
             writeln!(f, "  {:<20} {mark:<13} {}", c.cluster, c.reason)?;
+        }
+        if !self.dns_names.is_empty() {
+            writeln!(f, "  DNS: {}", self.dns_names.join(" "))?;
         }
         Ok(())
     }
@@ -87,6 +93,7 @@ pub fn explain(
             service: None,
             outcome: "not a ClusterSet IP on this node: traffic passes through untouched".into(),
             clusters: Vec::new(),
+            dns_names: Vec::new(),
         };
     };
     let Some(si) = imports
@@ -98,6 +105,7 @@ pub fn explain(
             service: Some(owner.to_string()),
             outcome: "the import owning this VIP is gone".into(),
             clusters: Vec::new(),
+            dns_names: Vec::new(),
         };
     };
     let family = IpFamily::of(&ip);
@@ -123,6 +131,7 @@ pub fn explain(
                 served.join(", ")
             ),
             clusters: Vec::new(),
+            dns_names: Vec::new(),
         };
     };
     let port_name = declared.name_or_empty().to_owned();
@@ -206,6 +215,12 @@ pub fn explain(
         service: Some(owner.to_string()),
         outcome,
         clusters: verdicts,
+        dns_names: crate::model::dns::service_port_names(
+            &owner.namespace,
+            &owner.name,
+            &port_name,
+            &protocol.to_string(),
+        ),
     }
 }
 
@@ -302,6 +317,17 @@ endpoints: [{addresses: [10.3.0.1], conditions: {ready: false}}]
             Protocol::Tcp,
         );
         assert!(e.outcome.contains("2 backend(s)"), "{e}");
+        assert_eq!(
+            e.dns_names,
+            [
+                "web.demo.svc.clusterset.local.",
+                "_admin._tcp.web.demo.svc.clusterset.local."
+            ]
+        );
+        assert!(
+            e.to_string()
+                .contains("\n  DNS: web.demo.svc.clusterset.local. _admin._tcp.")
+        );
         let v = verdicts(&e);
         assert_eq!(
             v[0],

@@ -280,7 +280,7 @@ fn fresh_ip(i: usize) -> IpAddr {
 }
 
 /// Reads `VmRSS` and `VmHWM` (MiB) of a process.
-fn memory_of(pid: u32) -> anyhow::Result<(f64, f64)> {
+pub(crate) fn memory_of(pid: u32) -> anyhow::Result<(f64, f64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let field = |name: &str| -> anyhow::Result<f64> {
         let line = status
