@@ -98,9 +98,9 @@ fn slice(s: usize, c: usize, moved: bool) -> EndpointSlice {
         endpoints: (0..ENDPOINTS)
             .map(|e| Endpoint {
                 addresses: vec![if moved && e == 0 {
-                    dataplane_core::synthetic::pod_ip(c, SERVICES * ENDPOINTS + 1)
+                    dataplane_core::fixtures::synthetic::pod_ip(c, SERVICES * ENDPOINTS + 1)
                 } else {
-                    dataplane_core::synthetic::pod_ip(c, s * ENDPOINTS + e)
+                    dataplane_core::fixtures::synthetic::pod_ip(c, s * ENDPOINTS + e)
                 }],
                 conditions: Some(EndpointConditions {
                     ready: Some(true),

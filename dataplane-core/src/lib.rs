@@ -15,11 +15,11 @@
 //! the agent's edges (`dataplane-agent`), and the crate's dependencies keep it so.
 
 pub mod explain;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
 pub mod lb;
 pub mod manifest;
 pub mod merge;
 pub mod model;
 pub mod plan;
 pub mod reconcile;
-#[doc(hidden)]
-pub mod synthetic;
