@@ -136,7 +136,8 @@ pub fn merge(exports: &[Export<'_>], policy: IpFamilyPolicy, local: &[IpFamily])
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Service, ServiceExportSpec};
+    use crate::fixtures::cluster;
+    use crate::merge::tests::bare_export;
     use IpFamily::{IPv4, IPv6};
 
     fn run(
@@ -145,23 +146,12 @@ mod tests {
         local: &[IpFamily],
     ) -> (Vec<IpFamily>, Vec<String>, bool, bool) {
         let ids: Vec<ClusterId> = (0..families.len())
-            .map(|i| ClusterId::new(format!("c{i}")).expect("id"))
+            .map(|i| cluster(&format!("c{i}")))
             .collect();
-        let svc = Service::default();
-        let spec = ServiceExportSpec::default();
         let exports: Vec<Export<'_>> = families
             .iter()
             .zip(&ids)
-            .map(|(f, id)| Export {
-                cluster: id,
-                service: &svc,
-                spec: &spec,
-                created: None,
-                ports: vec![],
-                families: f.to_vec(),
-                headless: false,
-                local_slices: &[],
-            })
+            .map(|(f, id)| bare_export(id, vec![], f.to_vec()))
             .collect();
         let r = merge(&exports, policy, local);
         (

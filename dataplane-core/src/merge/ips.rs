@@ -209,23 +209,10 @@ pub fn allocate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ObjectMeta;
+    use crate::fixtures::import;
 
     fn nn(n: &str) -> NamespacedName {
         NamespacedName::new("demo", n)
-    }
-
-    fn import(name: &str, ips: &[&str]) -> ServiceImport {
-        let mut si = ServiceImport {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                namespace: Some("demo".into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        si.spec.ips = ips.iter().map(|s| s.to_string()).collect();
-        si
     }
 
     #[test]
@@ -276,11 +263,11 @@ mod tests {
             },
         ];
         let existing = [
-            import("a", &["241.0.3.4"]),
+            import("demo", "a").ips(&["241.0.3.4"]).build(),
             // the same IP claimed by b: a is earlier in order and keeps it
-            import("b", &["241.0.3.4"]),
+            import("demo", "b").ips(&["241.0.3.4"]).build(),
             // out of range
-            import("c", &["10.0.0.1"]),
+            import("demo", "c").ips(&["10.0.0.1"]).build(),
         ];
         let got = allocate(&reqs, &existing, &cidrs);
         assert_eq!(got[&a], vec!["241.0.3.4"]);
@@ -290,7 +277,11 @@ mod tests {
         let back: Vec<ServiceImport> = got
             .iter()
             .rev()
-            .map(|(s, ips)| import(&s.name, &ips.iter().map(String::as_str).collect::<Vec<_>>()))
+            .map(|(s, ips)| {
+                import("demo", &s.name)
+                    .ips(&ips.iter().map(String::as_str).collect::<Vec<_>>())
+                    .build()
+            })
             .collect();
         assert_eq!(allocate(&reqs, &back, &cidrs), got);
     }
@@ -318,11 +309,19 @@ mod tests {
             },
         ];
         // c held an address, but only two services fit: a and b.
-        let got = allocate(&reqs, &[import("c", &["10.9.0.1"])], &cidrs);
+        let got = allocate(
+            &reqs,
+            &[import("demo", "c").ips(&["10.9.0.1"]).build()],
+            &cidrs,
+        );
         assert_eq!(got.keys().collect::<Vec<_>>(), vec![&a, &b]);
         let back: Vec<ServiceImport> = got
             .iter()
-            .map(|(s, ips)| import(&s.name, &ips.iter().map(String::as_str).collect::<Vec<_>>()))
+            .map(|(s, ips)| {
+                import("demo", &s.name)
+                    .ips(&ips.iter().map(String::as_str).collect::<Vec<_>>())
+                    .build()
+            })
             .collect();
         assert_eq!(allocate(&reqs, &back, &cidrs), got);
     }
@@ -338,7 +337,7 @@ mod tests {
                     service: &a,
                     families: &v4,
                 }],
-                &[import("a", &[bad])],
+                &[import("demo", "a").ips(&[bad]).build()],
                 &cidrs,
             );
             assert_ne!(got[&a][0], bad);
