@@ -23,7 +23,10 @@ use dataplane_agent::bpf::{
     sync::MapSync,
 };
 use dataplane_core::{
-    fixtures::{endpoint, import, imported_slice, synthetic},
+    fixtures::{
+        endpoint, import, imported_slice,
+        synthetic::{self, Shape},
+    },
     lb::{
         self, LbState,
         inputs::{Change, InputIndex},
@@ -36,15 +39,13 @@ use kube::ResourceExt as _;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const SERVICES: usize = 10_000;
-const CLUSTERS: usize = 5;
-const ENDPOINTS: usize = 10;
+const SHAPE: Shape = Shape::CONTROL_PLANE;
 
 /// Service `s`'s ServiceImport, as the controller writes it.
 fn service_import(s: usize) -> ServiceImport {
     import(synthetic::NAMESPACE, &synthetic::service_name(s))
         .resource_version(&s.to_string())
-        .ips(&[&synthetic::vip(s).to_string()])
+        .ips([synthetic::vip(s).to_string()])
         .families(&[IpFamily::IPv4])
         .ports(
             synthetic::PORTS
@@ -64,17 +65,17 @@ fn service_slice(s: usize, c: usize, moved: bool) -> EndpointSlice {
         cluster.as_str(),
     )
     .label(LABEL_MANAGED_BY, MANAGED_BY)
-    .resource_version(&(100_000 + s * CLUSTERS + c + usize::from(moved)).to_string())
+    .resource_version(&(100_000 + s * SHAPE.clusters + c + usize::from(moved)).to_string())
     .ports(
         synthetic::PORTS
             .iter()
             .map(|&(_, target, name)| (name, "TCP", i32::from(target))),
     )
-    .endpoints((0..ENDPOINTS).map(|e| {
+    .endpoints((0..SHAPE.endpoints).map(|e| {
         let i = if moved && e == 0 {
-            SERVICES * ENDPOINTS + 1
+            SHAPE.services * SHAPE.endpoints + 1
         } else {
-            s * ENDPOINTS + e
+            s * SHAPE.endpoints + e
         };
         endpoint(&synthetic::pod_ip(c, i)).ready()
     }))
@@ -97,10 +98,11 @@ fn owned_sorted<K: kube::Resource + Clone>(state: &[Arc<K>]) -> Vec<K> {
 }
 
 fn bench(c: &mut Criterion) {
-    let imports: Vec<Arc<ServiceImport>> =
-        (0..SERVICES).map(|s| Arc::new(service_import(s))).collect();
-    let slices: Vec<Arc<EndpointSlice>> = (0..SERVICES)
-        .flat_map(|s| (0..CLUSTERS).map(move |c| Arc::new(service_slice(s, c, false))))
+    let imports: Vec<Arc<ServiceImport>> = (0..SHAPE.services)
+        .map(|s| Arc::new(service_import(s)))
+        .collect();
+    let slices: Vec<Arc<EndpointSlice>> = (0..SHAPE.services)
+        .flat_map(|s| (0..SHAPE.clusters).map(move |c| Arc::new(service_slice(s, c, false))))
         .collect();
     // The changed slice, both ways; it sits at index 0 of `slices`.
     let versions = [

@@ -14,7 +14,10 @@ use dataplane_agent::bpf::{
     sync::MapSync,
 };
 use dataplane_core::{
-    fixtures::{lb_table, synthetic},
+    fixtures::{
+        lb_table,
+        synthetic::{self, Shape},
+    },
     lb::{Backend, LbTable},
     model::{ClusterId, NamespacedName},
 };
@@ -23,9 +26,7 @@ use dataplane_core::{
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const SERVICES: usize = 10_000;
-const CLUSTERS: usize = 5;
-const ENDPOINTS: usize = 10;
+const SHAPE: Shape = Shape::CONTROL_PLANE;
 
 fn service(s: usize) -> NamespacedName {
     NamespacedName::new(synthetic::NAMESPACE, synthetic::service_name(s))
@@ -34,16 +35,16 @@ fn service(s: usize) -> NamespacedName {
 /// The table; with `changed`, service 0's first endpoint in cluster 0 is another pod.
 fn table(clusters: &[ClusterId], changed: bool) -> LbTable {
     let mut t = lb_table();
-    for s in 0..SERVICES {
+    for s in 0..SHAPE.services {
         t = t.service(service(s), synthetic::vip(s));
         for (port, target, port_name) in synthetic::PORTS {
-            let mut backends = Vec::with_capacity(CLUSTERS * ENDPOINTS);
+            let mut backends = Vec::with_capacity(SHAPE.clusters * SHAPE.endpoints);
             for (c, cluster) in clusters.iter().enumerate() {
-                for e in 0..ENDPOINTS {
+                for e in 0..SHAPE.endpoints {
                     let ip = if changed && s == 0 && c == 0 && e == 0 {
-                        synthetic::pod_addr(c, SERVICES * ENDPOINTS + 1)
+                        synthetic::pod_addr(c, SHAPE.services * SHAPE.endpoints + 1)
                     } else {
-                        synthetic::pod_addr(c, s * ENDPOINTS + e)
+                        synthetic::pod_addr(c, s * SHAPE.endpoints + e)
                     };
                     // The cluster's one id, shared by its backends.
                     backends.push(Backend {
@@ -61,7 +62,7 @@ fn table(clusters: &[ClusterId], changed: bool) -> LbTable {
 }
 
 fn bench(c: &mut Criterion) {
-    let clusters: Vec<ClusterId> = (0..CLUSTERS).map(synthetic::cluster_id).collect();
+    let clusters: Vec<ClusterId> = (0..SHAPE.clusters).map(synthetic::cluster_id).collect();
     let tables = [table(&clusters, false), table(&clusters, true)];
     let changed = service(0);
     // Room for a million backends and slots (the kernel defaults are smaller).

@@ -399,7 +399,7 @@ fn node_only_role_routes_seeded_imports() {
     for (name, ip) in [("web", vip), ("api", vip2)] {
         api.put(
             &import(NS, name)
-                .ips(&[ip])
+                .ips([ip])
                 .families(&[IpFamily::IPv4])
                 .port(("http", "TCP", 80))
                 .build(),

@@ -25,7 +25,7 @@ type P<'a> = (&'a str, &'a str, i32);
 /// The common case: `ns/web`, one IPv4 VIP, the given ports.
 fn web(ports: &[P<'_>]) -> ServiceImport {
     import("ns", "web")
-        .ips(&[V4])
+        .ips([V4])
         .families(&[IPv4])
         .ports(ports)
         .build()
@@ -194,7 +194,7 @@ fn unnamed_ports_match_unnamed_ports_only() {
         &[
             web(&[("", "TCP", 80)]),
             import("ns", "api")
-                .ips(&["241.0.0.2"])
+                .ips(["241.0.0.2"])
                 .families(&[IPv4])
                 .port(("http", "TCP", 80))
                 .build(),
@@ -269,7 +269,7 @@ fn a_cluster_whose_slice_lacks_the_port_gets_no_backends_for_it() {
 fn families_never_mix() {
     let t = build(
         &[import("ns", "web")
-            .ips(&[V4, V6])
+            .ips([V4, V6])
             .families(&[IPv4, IPv6])
             .port(("http", "TCP", 80))
             .build()],
@@ -338,7 +338,7 @@ fn vips_that_do_not_match_their_family_are_skipped_with_a_warning() {
     for (ips, families, want, warning) in cases {
         let t = build(
             &[import("ns", "web")
-                .ips(ips)
+                .ips(*ips)
                 .families(families)
                 .port(("http", "TCP", 80))
                 .build()],
@@ -366,12 +366,12 @@ fn vips_that_do_not_match_their_family_are_skipped_with_a_warning() {
 #[test]
 fn duplicate_vips_go_to_the_first_import_by_name() {
     let a = import("ns", "a")
-        .ips(&[V4, V6])
+        .ips([V4, V6])
         .families(&[IPv4, IPv6])
         .port(("http", "TCP", 80))
         .build();
     let b = import("ns", "b")
-        .ips(&[V4])
+        .ips([V4])
         .families(&[IPv4])
         .port(("http", "TCP", 80))
         .build();
@@ -393,12 +393,12 @@ fn duplicate_vips_go_to_the_first_import_by_name() {
 #[test]
 fn duplicate_imports_are_resolved_independently_of_order() {
     let a = import("ns", "web")
-        .ips(&[V4])
+        .ips([V4])
         .families(&[IPv4])
         .port(("http", "TCP", 80))
         .build();
     let b = import("ns", "web")
-        .ips(&["241.0.0.2"])
+        .ips(["241.0.0.2"])
         .families(&[IPv4])
         .port(("http", "TCP", 81))
         .build();

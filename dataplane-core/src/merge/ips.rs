@@ -263,11 +263,11 @@ mod tests {
             },
         ];
         let existing = [
-            import("demo", "a").ips(&["241.0.3.4"]).build(),
+            import("demo", "a").ips(["241.0.3.4"]).build(),
             // the same IP claimed by b: a is earlier in order and keeps it
-            import("demo", "b").ips(&["241.0.3.4"]).build(),
+            import("demo", "b").ips(["241.0.3.4"]).build(),
             // out of range
-            import("demo", "c").ips(&["10.0.0.1"]).build(),
+            import("demo", "c").ips(["10.0.0.1"]).build(),
         ];
         let got = allocate(&reqs, &existing, &cidrs);
         assert_eq!(got[&a], vec!["241.0.3.4"]);
@@ -277,11 +277,7 @@ mod tests {
         let back: Vec<ServiceImport> = got
             .iter()
             .rev()
-            .map(|(s, ips)| {
-                import("demo", &s.name)
-                    .ips(&ips.iter().map(String::as_str).collect::<Vec<_>>())
-                    .build()
-            })
+            .map(|(s, ips)| import("demo", &s.name).ips(ips).build())
             .collect();
         assert_eq!(allocate(&reqs, &back, &cidrs), got);
     }
@@ -311,17 +307,13 @@ mod tests {
         // c held an address, but only two services fit: a and b.
         let got = allocate(
             &reqs,
-            &[import("demo", "c").ips(&["10.9.0.1"]).build()],
+            &[import("demo", "c").ips(["10.9.0.1"]).build()],
             &cidrs,
         );
         assert_eq!(got.keys().collect::<Vec<_>>(), vec![&a, &b]);
         let back: Vec<ServiceImport> = got
             .iter()
-            .map(|(s, ips)| {
-                import("demo", &s.name)
-                    .ips(&ips.iter().map(String::as_str).collect::<Vec<_>>())
-                    .build()
-            })
+            .map(|(s, ips)| import("demo", &s.name).ips(ips).build())
             .collect();
         assert_eq!(allocate(&reqs, &back, &cidrs), got);
     }
@@ -337,7 +329,7 @@ mod tests {
                     service: &a,
                     families: &v4,
                 }],
-                &[import("demo", "a").ips(&[bad]).build()],
+                &[import("demo", "a").ips([bad]).build()],
                 &cidrs,
             );
             assert_ne!(got[&a][0], bad);
