@@ -226,10 +226,9 @@ pub fn explain(
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
     use super::*;
-    use crate::manifest::{Manifest, parse_documents};
+    use crate::fixtures::manifests;
+    use crate::manifest::Manifest;
 
     const INPUT: &str = r#"
 apiVersion: multicluster.x-k8s.io/v1beta1
@@ -285,11 +284,9 @@ endpoints: [{addresses: [10.3.0.1], conditions: {ready: false}}]
 "#;
 
     fn inputs() -> (Vec<ServiceImport>, Vec<EndpointSlice>) {
-        let (objects, errors) = parse_documents(INPUT, Path::new("t.yaml"));
-        assert!(errors.is_empty(), "{errors:?}");
         let mut imports = Vec::new();
         let mut slices = Vec::new();
-        for o in objects {
+        for o in manifests(INPUT) {
             match o {
                 Manifest::ServiceImport(si) => imports.push(*si),
                 Manifest::EndpointSlice(s) => slices.push(*s),

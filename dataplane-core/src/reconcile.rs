@@ -466,6 +466,7 @@ pub fn conflict_counts(plan: &MergeOutput, local: &ClusterId) -> BTreeMap<String
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::{cluster, endpoint, export, labels, local_slice, service, snapshot};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
     use serde_json::json;
 
@@ -500,13 +501,6 @@ mod tests {
             ]),
             ..Default::default()
         }
-    }
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
     }
 
     #[test]
@@ -562,26 +556,24 @@ mod tests {
 
     #[test]
     fn withdrawn_members_keep_their_exports_but_lose_their_endpoints() {
-        fn yaml<T: serde::de::DeserializeOwned>(s: &str) -> T {
-            serde_yaml::from_str(s).expect("yaml")
-        }
-        let snapshot = |cluster: &str, ip: &str| {
-            ClusterSnapshot::from_k8s(
-                ClusterId::new(cluster).expect("id"),
-                &[yaml(
-                    "metadata: {name: web, namespace: demo}\nspec: {ipFamilies: [IPv4], ports: [{name: http, port: 80}]}",
-                )],
-                &[yaml("metadata: {name: web, namespace: demo}")],
-                &[yaml(&format!(
-                    "metadata: {{name: web-x, namespace: demo, labels: {{kubernetes.io/service-name: web}}}}\n\
-                     addressType: IPv4\nendpoints: [{{addresses: [{ip}]}}]\nports: [{{name: http, port: 8080}}]"
-                ))],
-                &crate::model::Interner::new(),
-            )
+        let member = |id: &str, ip: &str| {
+            snapshot(id)
+                .service(
+                    service("demo", "web")
+                        .families(&["IPv4"])
+                        .port(("http", 80)),
+                )
+                .export(export("demo", "web"))
+                .slice(
+                    local_slice("demo", "web-x", "web")
+                        .endpoint(endpoint(ip))
+                        .port(("http", 8080)),
+                )
+                .build()
         };
-        let snapshots = [snapshot("east", "10.1.0.1"), snapshot("west", "10.2.0.1")];
-        let east = ClusterId::new("east").expect("id");
-        let withdrawn = BTreeSet::from([ClusterId::new("west").expect("id")]);
+        let snapshots = [member("east", "10.1.0.1"), member("west", "10.2.0.1")];
+        let east = cluster("east");
+        let withdrawn = BTreeSet::from([cluster("west")]);
         let p = desired(
             &snapshots,
             &ClusterSetConfig::default(),

@@ -221,23 +221,16 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ObjectMeta, records::ImportRecord};
+    use crate::fixtures::import;
+    use crate::model::records::ImportRecord;
 
     fn nn(n: &str) -> NamespacedName {
         NamespacedName::new("demo", n)
     }
 
-    fn import(name: &str, ips: &[&str]) -> ImportRecord {
-        let mut si = crate::model::ServiceImport {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                namespace: Some("demo".into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        si.spec.ips = ips.iter().map(|s| s.to_string()).collect();
-        ImportRecord::from_k8s(&si, &crate::model::Interner::new(), false)
+    /// The record of a fixture import.
+    fn record(builder: crate::fixtures::ImportBuilder) -> ImportRecord {
+        ImportRecord::from_k8s(&builder.build(), &crate::model::Interner::new(), false)
             .record
             .expect("an import always converts")
     }
@@ -310,11 +303,11 @@ mod tests {
             },
         ];
         let existing = [
-            import("a", &["241.0.3.4"]),
+            record(import("demo", "a").ips(["241.0.3.4"])),
             // the same IP claimed by b: a is earlier in order and keeps it
-            import("b", &["241.0.3.4"]),
+            record(import("demo", "b").ips(["241.0.3.4"])),
             // out of range
-            import("c", &["10.0.0.1"]),
+            record(import("demo", "c").ips(["10.0.0.1"])),
         ];
         let allocated = alloc(&reqs, &existing, &cidrs);
         let got = text(&allocated);
@@ -325,7 +318,7 @@ mod tests {
         let back: Vec<ImportRecord> = got
             .iter()
             .rev()
-            .map(|(s, ips)| import(&s.name, &ips.iter().map(String::as_str).collect::<Vec<_>>()))
+            .map(|(s, ips)| record(import("demo", &s.name).ips(ips)))
             .collect();
         assert_eq!(alloc(&reqs, &back, &cidrs), allocated);
     }
@@ -353,12 +346,16 @@ mod tests {
             },
         ];
         // c held an address, but only two services fit: a and b.
-        let allocated = alloc(&reqs, &[import("c", &["10.9.0.1"])], &cidrs);
+        let allocated = alloc(
+            &reqs,
+            &[record(import("demo", "c").ips(["10.9.0.1"]))],
+            &cidrs,
+        );
         let got = text(&allocated);
         assert_eq!(got.keys().collect::<Vec<_>>(), vec![&a, &b]);
         let back: Vec<ImportRecord> = got
             .iter()
-            .map(|(s, ips)| import(&s.name, &ips.iter().map(String::as_str).collect::<Vec<_>>()))
+            .map(|(s, ips)| record(import("demo", &s.name).ips(ips)))
             .collect();
         assert_eq!(alloc(&reqs, &back, &cidrs), allocated);
     }
@@ -374,7 +371,7 @@ mod tests {
                     service: &a,
                     families: &v4,
                 }],
-                &[import("a", &[bad])],
+                &[record(import("demo", "a").ips([bad]))],
                 &cidrs,
             );
             assert_ne!(got[&a][0].to_string(), bad);

@@ -3,24 +3,47 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
-use k8s_openapi::api::core::v1::{ServicePort as K8sPort, ServiceSpec};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::api::discovery::v1::EndpointConditions;
 use proptest::prelude::*;
 
 use super::*;
+use crate::fixtures::{
+    Port, cluster, endpoint_of, endpoint_slice, export, import, local_slice, manifests, service,
+    snapshot,
+};
 use crate::manifest::parse_documents;
 use crate::model::{
-    Interner, LABEL_K8S_SERVICE_NAME, ObjectMeta, ServiceExportSpec,
-    member::ExportRecord,
+    Interner, ObjectMeta, ServiceExportSpec,
+    member::{ExportRecord, ServiceRecord},
     records::{ImportRecord, ImportedSlice},
 };
 
 const NAMES: &[&str] = &["web", "db", "api", "web-a"];
 
-fn arb_port() -> impl Strategy<Value = K8sPort> {
+/// A valid export of an empty Service from `cluster`, with these (normalised) ports and
+/// families: the input of the step tests of [`ports`] and [`families`].
+pub(super) fn bare_export(
+    cluster: &ClusterId,
+    ports: Vec<ServicePort>,
+    families: Vec<IpFamily>,
+) -> exports::Export<'_> {
+    static SERVICE: LazyLock<ServiceRecord> = LazyLock::new(ServiceRecord::default);
+    static SPEC: LazyLock<ExportRecord> = LazyLock::new(ExportRecord::default);
+    exports::Export {
+        cluster,
+        service: &SERVICE,
+        spec: &SPEC,
+        created: None,
+        ports,
+        families,
+        headless: false,
+        local_slices: &[],
+    }
+}
+
+fn arb_port() -> impl Strategy<Value = Port> {
     (
         prop::sample::select(vec![None, Some(""), Some("http"), Some("tcp"), Some("a")]),
         prop::sample::select(vec![
@@ -33,10 +56,10 @@ fn arb_port() -> impl Strategy<Value = K8sPort> {
         prop::sample::select(vec![42, 80, 8080, 0, 70000, -1]),
         prop::sample::select(vec![None, Some("h2c"), Some("")]),
     )
-        .prop_map(|(name, protocol, port, app)| K8sPort {
+        .prop_map(|(name, protocol, port, app)| Port {
             name: name.map(str::to_owned),
             protocol: protocol.map(str::to_owned),
-            port,
+            port: Some(port),
             app_protocol: app.map(str::to_owned),
             ..Default::default()
         })
@@ -64,30 +87,23 @@ fn arb_service() -> impl Strategy<Value = Service> {
         prop::sample::select(vec![None, Some("PreferClose"), Some("PreferSameZone")]),
     )
         .prop_map(
-            |(name, type_, headless, ports, fams, aff, timeout, itp, td)| Service {
-                metadata: ObjectMeta {
-                    name: Some(name.into()),
-                    namespace: Some("demo".into()),
-                    ..Default::default()
-                },
-                spec: Some(ServiceSpec {
-                    type_: type_.map(str::to_owned),
-                    cluster_ip: headless.then(|| "None".to_owned()),
-                    ports: Some(ports),
-                    ip_families: fams.map(|f| f.into_iter().map(str::to_owned).collect()),
-                    session_affinity: aff.map(str::to_owned),
-                    session_affinity_config: timeout.map(|t| {
-                        k8s_openapi::api::core::v1::SessionAffinityConfig {
-                            client_ip: Some(k8s_openapi::api::core::v1::ClientIPConfig {
-                                timeout_seconds: Some(t),
-                            }),
-                        }
-                    }),
-                    internal_traffic_policy: itp.map(str::to_owned),
-                    traffic_distribution: td.map(str::to_owned),
-                    ..Default::default()
-                }),
-                status: None,
+            |(name, type_, headless, ports, fams, aff, timeout, itp, td)| {
+                let mut svc = service("demo", name)
+                    .type_(type_)
+                    .ports(ports)
+                    .affinity(aff)
+                    .internal_traffic_policy(itp)
+                    .traffic_distribution(td);
+                if headless {
+                    svc = svc.headless();
+                }
+                if let Some(f) = fams {
+                    svc = svc.families(&f);
+                }
+                if let Some(t) = timeout {
+                    svc = svc.affinity_timeout(Some(t));
+                }
+                svc.build()
             },
         )
 }
@@ -99,22 +115,14 @@ fn arb_export() -> impl Strategy<Value = ServiceExport> {
         prop::sample::select(vec![None, Some("x"), Some("y")]),
     )
         .prop_map(|(name, ts, label)| {
-            let mut se = ServiceExport::new(
-                name,
-                ServiceExportSpec {
-                    exported_labels: label
-                        .map(|l| BTreeMap::from([("l".to_owned(), l.to_owned())]))
-                        .unwrap_or_default(),
-                    ..Default::default()
-                },
-            );
-            se.metadata.namespace = Some("demo".into());
-            se.metadata.creation_timestamp = ts.and_then(|s| {
-                k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + s)
-                    .ok()
-                    .map(Time)
-            });
-            se
+            let mut se = export("demo", name);
+            if let Some(s) = ts {
+                se = se.created_at(1_700_000_000 + s);
+            }
+            if let Some(l) = label {
+                se = se.exported_labels(&[("l", l)]);
+            }
+            se.build()
         })
 }
 
@@ -143,38 +151,24 @@ fn arb_slice() -> impl Strategy<Value = EndpointSlice> {
             0..4,
         ),
     )
-        .prop_map(|(name, svc, at, ports, eps)| EndpointSlice {
-            metadata: ObjectMeta {
-                name: Some(format!("{}-{name}", svc.unwrap_or("none"))),
-                namespace: Some("demo".into()),
-                labels: svc
-                    .map(|s| BTreeMap::from([(LABEL_K8S_SERVICE_NAME.to_owned(), s.to_owned())])),
-                ..Default::default()
-            },
-            address_type: at.into(),
-            ports: Some(
-                ports
-                    .into_iter()
-                    .map(|(n, p, proto)| EndpointPort {
-                        name: n.map(str::to_owned),
-                        port: p,
-                        protocol: proto.map(str::to_owned),
-                        app_protocol: None,
-                    })
-                    .collect(),
-            ),
-            endpoints: eps
-                .into_iter()
-                .map(|(addrs, ready, terminating)| Endpoint {
-                    addresses: addrs.into_iter().map(str::to_owned).collect(),
-                    conditions: Some(EndpointConditions {
-                        ready,
-                        serving: None,
-                        terminating,
-                    }),
+        .prop_map(|(name, svc, at, ports, eps)| {
+            let name = format!("{}-{name}", svc.unwrap_or("none"));
+            let slice = match svc {
+                Some(s) => local_slice("demo", &name, s),
+                None => endpoint_slice("demo", &name),
+            };
+            slice
+                .address_type(at)
+                .ports(ports.into_iter().map(|(n, p, proto)| Port {
+                    name: n.map(str::to_owned),
+                    port: p,
+                    protocol: proto.map(str::to_owned),
                     ..Default::default()
-                })
-                .collect(),
+                }))
+                .endpoints(eps.into_iter().map(|(addrs, ready, terminating)| {
+                    endpoint_of(addrs).conditions((ready, None, terminating))
+                }))
+                .build()
         })
 }
 
@@ -207,7 +201,7 @@ fn arb_config() -> impl Strategy<Value = ClusterSetConfig> {
                 cfg.cidrs.ipv6 = "fd00::/126".parse().unwrap_or(cfg.cidrs.ipv6);
             }
             if !c0.is_empty() {
-                cfg.clusters.insert(ClusterId::new("c0").expect("id"), c0);
+                cfg.clusters.insert(cluster("c0"), c0);
             }
             cfg
         })
@@ -230,13 +224,13 @@ fn arb_existing() -> impl Strategy<Value = Vec<ImportRecord>> {
             ),
         )
             .prop_map(|(name, ips)| {
-                let mut si = crate::model::ServiceImport::default();
-                si.metadata.name = Some(name.into());
-                si.metadata.namespace = Some("demo".into());
-                si.spec.ips = ips.into_iter().map(str::to_owned).collect();
-                ImportRecord::from_k8s(&si, &Interner::new(), false)
-                    .record
-                    .expect("an import always converts")
+                ImportRecord::from_k8s(
+                    &import("demo", name).ips(&ips).build(),
+                    &Interner::new(),
+                    false,
+                )
+                .record
+                .expect("an import always converts")
             }),
         0..4,
     )
@@ -263,13 +257,7 @@ fn snapshots(
         .iter()
         .enumerate()
         .map(|(i, (s, e, sl))| {
-            ClusterSnapshot::from_k8s(
-                ClusterId::new(format!("c{i}")).expect("id"),
-                s,
-                e,
-                sl,
-                &Interner::new(),
-            )
+            ClusterSnapshot::from_k8s(cluster(&format!("c{i}")), s, e, sl, &Interner::new())
         })
         .collect()
 }
@@ -298,7 +286,7 @@ proptest! {
     #[test]
     fn input_order_does_not_matter((clusters, cfg, mut existing) in arb_case(), rotate in 0usize..5) {
         let snaps = snapshots(&clusters);
-        let importing = ClusterId::new("c0").expect("id");
+        let importing = cluster("c0");
         let a = merge(&snaps, &cfg, &importing, &existing);
         existing.reverse();
         let b = merge(&reorder(snaps, rotate), &cfg, &importing, &existing);
@@ -308,7 +296,7 @@ proptest! {
     #[test]
     fn merging_again_with_the_produced_imports_is_stable((clusters, cfg, existing) in arb_case()) {
         let snaps = snapshots(&clusters);
-        let importing = ClusterId::new("c0").expect("id");
+        let importing = cluster("c0");
         let first = merge(&snaps, &cfg, &importing, &existing);
         let second = merge(&snaps, &cfg, &importing, &first.service_imports);
         prop_assert_eq!(&first, &second);
@@ -333,7 +321,7 @@ proptest! {
     #[test]
     fn plan_lists_are_sorted((clusters, cfg, existing) in arb_case()) {
         let snaps = snapshots(&clusters);
-        let importing = ClusterId::new("c0").expect("id");
+        let importing = cluster("c0");
         let plan = merge(&snaps, &cfg, &importing, &existing);
         prop_assert!(plan.service_imports.windows(2).all(|w| w[0].service < w[1].service));
         let key = |s: &ImportedSlice| (s.service.namespace.clone(), s.name.clone());
@@ -348,15 +336,10 @@ proptest! {
     fn arbitrary_manifests_never_panic(texts in prop::collection::vec(arb_yaml(), 1..4)) {
         let mut snaps = Vec::new();
         for (i, text) in texts.iter().enumerate() {
-            let mut snap = ClusterSnapshot::empty(ClusterId::new(format!("c{i}")).expect("id"));
             let (objects, _errors) = parse_documents(text, Path::new("fuzz.yaml"));
-            let names = Interner::new();
-            for m in objects {
-                snap.add_manifest(m, &names);
-            }
-            snaps.push(snap);
+            snaps.push(snapshot(&format!("c{i}")).manifests(objects).build());
         }
-        let importing = ClusterId::new("c0").expect("id");
+        let importing = cluster("c0");
         let plan = merge(&snaps, &ClusterSetConfig::default(), &importing, &[]);
         let _ = crate::lb::build_records(&plan.service_imports, &plan.endpoint_slices);
     }
@@ -425,7 +408,7 @@ fn arb_yaml() -> impl Strategy<Value = String> {
 
 #[test]
 fn hostname_zone_and_conditions_are_copied() {
-    let c1 = ClusterId::new("c1").expect("id");
+    let c1 = cluster("c1");
     let text = r#"
 apiVersion: v1
 kind: Service
@@ -445,13 +428,7 @@ endpoints:
 - {addresses: [10.0.0.2], hostname: web-1, zone: z2, nodeName: n1, conditions: {ready: false, serving: true, terminating: true}}
 - {addresses: [10.0.0.1, "fd00::1"], hostname: web-0, zone: z1}
 "#;
-    let (objects, errors) = parse_documents(text, Path::new("t.yaml"));
-    assert!(errors.is_empty(), "{errors:?}");
-    let mut snap = ClusterSnapshot::empty(c1.clone());
-    let names = Interner::new();
-    for m in objects {
-        snap.add_manifest(m, &names);
-    }
+    let snap = snapshot("c1").manifests(manifests(text)).build();
     let plan = merge(&[snap], &ClusterSetConfig::default(), &c1, &[]);
     assert_eq!(plan.endpoint_slices.len(), 1);
     let eps = &plan.endpoint_slices[0].to_k8s().endpoints;
@@ -482,7 +459,7 @@ endpoints:
 
 #[test]
 fn duplicate_cluster_snapshots_are_combined_and_reported() {
-    let c1 = ClusterId::new("c1").expect("id");
+    let c1 = cluster("c1");
     let mut a = ClusterSnapshot::empty(c1.clone());
     a.service_exports.push(Arc::new(ExportRecord::from_k8s(
         &ServiceExport::new("web", ServiceExportSpec::default()),
@@ -499,7 +476,7 @@ fn duplicate_cluster_snapshots_are_combined_and_reported() {
 /// "web-a-c1-ipv4" < "web-c1-ipv4"): the plan still lists slices by name.
 #[test]
 fn slices_are_listed_by_name_even_when_services_sort_otherwise() {
-    let c1 = ClusterId::new("c1").expect("id");
+    let c1 = cluster("c1");
     let mut text = String::new();
     for name in ["web", "web-a"] {
         text.push_str(&format!(
@@ -523,13 +500,7 @@ endpoints: [{{addresses: [10.0.0.1]}}]
 "#
         ));
     }
-    let (objects, errors) = parse_documents(&text, Path::new("t.yaml"));
-    assert!(errors.is_empty(), "{errors:?}");
-    let mut snap = ClusterSnapshot::empty(c1.clone());
-    let names = Interner::new();
-    for m in objects {
-        snap.add_manifest(m, &names);
-    }
+    let snap = snapshot("c1").manifests(manifests(&text)).build();
     let plan = merge(&[snap], &ClusterSetConfig::default(), &c1, &[]);
     let names: Vec<&str> = plan.endpoint_slices.iter().map(|s| &*s.name).collect();
     assert_eq!(names, vec!["web-a-c1-ipv4", "web-c1-ipv4"]);

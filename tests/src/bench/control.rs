@@ -19,10 +19,10 @@ use dataplane_agent::bpf::{
     sync::{FeAddr, MapSync},
 };
 use dataplane_core::{
+    fixtures::synthetic::{self, Shape},
     lb::{self, FrontendAddr, LbTable, Protocol},
     merge::{self, ClusterSetConfig, MergeOutput},
     model::{EndpointSlice, NamespacedName},
-    synthetic::{self, Shape},
 };
 use serde::Serialize;
 
