@@ -596,6 +596,39 @@ async fn lists_select_by_labels_fields_namespace_version_and_scope() -> anyhow::
 }
 
 #[tokio::test]
+async fn lists_page_with_limit_and_continue() -> anyhow::Result<()> {
+    let srv = FakeApiServer::start().await?;
+    for name in ["a", "b", "c", "d", "e"] {
+        srv.put(&labelled_service("n", name, &[]));
+    }
+    let api: Api<Service> = Api::all(srv.client());
+    let mut seen = Vec::new();
+    let mut pages = 0;
+    let mut params = ListParams::default().limit(2);
+    loop {
+        let page = api.list(&params).await?;
+        pages += 1;
+        assert!(page.items.len() <= 2, "a page holds at most `limit` items");
+        seen.extend(page.items.iter().map(ResourceExt::name_any));
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(seen, ["a", "b", "c", "d", "e"]);
+    // metadata-only lists page the same way (what the member probe sends).
+    let one = api.list_metadata(&ListParams::default().limit(1)).await?;
+    assert_eq!(one.items.len(), 1);
+    assert_eq!(one.metadata.continue_.as_deref(), Some("1"));
+    assert_eq!(
+        api_code(api.list(&ListParams::default().continue_token("x")).await).0,
+        400
+    );
+    Ok(())
+}
+
+#[tokio::test]
 async fn watcher_sees_initial_list_then_changes() -> anyhow::Result<()> {
     let srv = FakeApiServer::start().await?;
     srv.put(&export("demo", "b").build());

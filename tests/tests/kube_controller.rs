@@ -673,6 +673,43 @@ async fn unreachable_member_is_withdrawn_after_the_grace_period() -> anyhow::Res
     Ok(())
 }
 
+/// 6b: a member whose API server answers `/version` but no longer lets us read what we watch
+/// (revoked RBAC; open watches go on) is unreachable too: withdrawn after the grace period,
+/// back when access returns.
+#[tokio::test]
+async fn member_that_forbids_our_reads_is_withdrawn() -> anyhow::Result<()> {
+    let (east, west) = (FakeApiServer::start().await?, FakeApiServer::start().await?);
+    seed(&east, "east", T_EAST, &["10.1.0.1"]);
+    seed(&west, "west", T_WEST, &["10.2.0.1"]);
+    let grace = Duration::from_millis(1500);
+    let _e = start("east", &[("east", &east), ("west", &west)], grace);
+    let both = expect_imported(&[("east", &["10.1.0.1"]), ("west", &["10.2.0.1"])]);
+    east.wait_until(WAIT, "web is imported from both", |s| {
+        imported(s, "web") == both
+    })
+    .await?;
+
+    west.forbid("endpointslices");
+    assert!(
+        west.client().apiserver_version().await.is_ok(),
+        "/version still answers"
+    );
+    let forbidden = tokio::time::Instant::now();
+    east.wait_until(WAIT, "west's endpoints are withdrawn", |s| {
+        imported(s, "web") == expect_imported(&[("east", &["10.1.0.1"])])
+    })
+    .await?;
+    assert!(
+        forbidden.elapsed() >= grace,
+        "withdrawn before the grace period"
+    );
+
+    west.allow("endpointslices");
+    east.wait_until(WAIT, "west is back", |s| imported(s, "web") == both)
+        .await?;
+    Ok(())
+}
+
 /// The controller's reconcile and writers, with the exact HTTP requests checked by a tower-test
 /// verifier: server-side apply, one field manager, `force`, the status subresource, and the
 /// Event when a conflict appears.

@@ -399,6 +399,7 @@ fn node_only_role_routes_seeded_imports() {
     for (name, ip) in [("web", vip), ("api", vip2)] {
         api.put(
             &import(NS, name)
+                .managed()
                 .ips([ip])
                 .families(&[IpFamily::IPv4])
                 .port(("http", "TCP", 80))

@@ -1,107 +1,286 @@
 //! The ClusterSet controller role (ARCHITECTURE.md §3): while this agent holds the lease, it
 //! watches every member cluster, merges, and writes the result into the local cluster.
 //!
-//! The decisions are pure and live in [`dataplane_core::reconcile`]: [`desired`] (the merge
-//! for the local cluster, withdrawn members' endpoints left out) and [`reconcile`] (merge
-//! output and observed objects to the [`Action`]s that make them agree). This module is the
-//! thin loop around them: watchers ([`crate::source::kube`]) wake it, it calls the core and
-//! applies the actions ([`crate::sink::kube`]). [`run_elected`] runs it only while the lease
-//! is held.
+//! The decisions are pure and live in the core: the merge kept service by service
+//! ([`MergeState`]) and the per-service comparison of what it wants with what the local cluster
+//! holds ([`reconcile_service`]). This module is the loop around them: the watches
+//! ([`crate::source::kube`]) send member changes and observed changes; a member change
+//! re-merges the service it touches, and every service whose merge or observed objects changed
+//! is compared and written ([`crate::sink::kube`]). So one EndpointSlice change in a member
+//! costs one service's merge and writes, not the ClusterSet's. [`run_elected`] runs it only
+//! while the lease is held.
 //!
-//! Writes the watches have not delivered yet are remembered (with their resourceVersion) until
-//! the watch catches up, so a pass that runs in between does not write them again.
+//! The first pass waits for the local cluster's lists and every member's (a member that does
+//! not answer within the grace period is merged without endpoints), then merges everything,
+//! keeping the ClusterSet IPs the imports already hold, and compares every service. A member
+//! whose API server or watches have failed for longer than the grace period has its endpoints
+//! withdrawn (its Services and exports still count), and the imports' `Ready` message says
+//! so. The answers to the controller's own writes are filed as observed at once, so a pass that
+//! runs before the watch delivers them does not write them again.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::Arc,
     time::Duration,
 };
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::{Client, Resource};
+use kube::Client;
 use tokio::{
-    sync::{Notify, watch},
+    sync::{Notify, mpsc, watch},
     time::Instant,
 };
 use tracing::{debug, info, warn};
 
 use crate::{
     sink::kube::{KubeSink, Written},
-    source::kube::{AbortOnDrop, LocalWrites, MemberWatch, Reflected},
+    source::kube::{AbortOnDrop, ControllerEvent, LocalWatch, MemberWatch, ObservedChange},
     telemetry::metrics::{ClusterLabels, Metrics},
 };
 use dataplane_core::{
-    merge::{ClusterSetConfig, ClusterSnapshot},
-    model::{
-        ClusterId, EndpointSlice, Interner, NamespacedName, ServiceExport, ServiceImport,
-        records::ImportRecord, resource_version,
+    merge::{
+        ClusterSetConfig, MemberChange, MergeState,
+        conditions::{ConditionStatus, ConditionType},
     },
-    reconcile::{Action, Observed, conflict_counts, desired, reconcile},
+    model::{ClusterId, Interner, NamespacedName},
+    reconcile::{
+        Action, DesiredService, ObservedExport, ObservedImport, ObservedIndex, ObservedKind,
+        ObservedSlice, reconcile_service, reconcile_unlabelled,
+    },
 };
-
-/// Writes that the watches may not have delivered yet: (resourceVersion, object or `None` for a
-/// deletion), until the watch's watermark reaches that resourceVersion.
-struct Overlay<K> {
-    entries: HashMap<NamespacedName, (u64, Option<Arc<K>>)>,
-}
-
-impl<K> Default for Overlay<K> {
-    fn default() -> Self {
-        Self {
-            entries: HashMap::new(),
-        }
-    }
-}
-
-impl<K: Resource<DynamicType = ()> + Clone + 'static> Overlay<K> {
-    fn written(&mut self, obj: K) {
-        let id = NamespacedName::of(obj.meta());
-        self.entries
-            .insert(id, (resource_version(obj.meta()), Some(Arc::new(obj))));
-    }
-
-    fn deleted(&mut self, id: NamespacedName, rv: u64) {
-        self.entries.insert(id, (rv, None));
-    }
-
-    /// The store's objects with the writes it has not seen yet laid over them.
-    fn view(&mut self, store: &Reflected<K>) -> Vec<Arc<K>> {
-        let watermark = store.watermark();
-        self.entries.retain(|_, (rv, _)| *rv > watermark);
-        let mut all: BTreeMap<NamespacedName, Arc<K>> = store
-            .objects()
-            .into_iter()
-            .map(|o| (NamespacedName::of(o.meta()), o))
-            .collect();
-        for (id, (_, obj)) in &self.entries {
-            match obj {
-                Some(o) => {
-                    all.insert(id.clone(), o.clone());
-                }
-                None => {
-                    all.remove(id);
-                }
-            }
-        }
-        all.into_values().collect()
-    }
-}
 
 /// What the controller needs besides the member clients.
 #[derive(Clone, Debug)]
 pub struct ControllerSettings {
+    /// The cluster this controller writes into.
     pub local: ClusterId,
+    /// The ClusterSet's CIDRs, family policy and clusters' families.
     pub clusterset: ClusterSetConfig,
     /// A member unreachable longer than this has its endpoints withdrawn.
     pub unreachable_grace: Duration,
+    /// How often members' API servers are probed.
     pub probe_interval: Duration,
     /// Names this agent in Events (the pod name).
     pub identity: String,
 }
 
-/// How long to let a burst of watch events settle into one pass.
-const SETTLE: Duration = Duration::from_millis(10);
 const MAX_RETRY: Duration = Duration::from_secs(60);
+
+/// The controller's state between passes.
+struct Controller {
+    settings: Arc<ControllerSettings>,
+    metrics: Arc<Metrics>,
+    state: MergeState,
+    observed: ObservedIndex,
+    names: Arc<Interner>,
+    /// Services whose inputs changed since the last merge.
+    to_merge: BTreeSet<NamespacedName>,
+    /// Services whose observed objects changed, or whose writes failed.
+    to_compare: BTreeSet<NamespacedName>,
+    /// Whether the first full merge has run.
+    merged: bool,
+    withdrawn: BTreeSet<ClusterId>,
+    /// The conflict reasons of each local export in conflict, for `mcs_conflicts`.
+    conflicts: HashMap<NamespacedName, Vec<String>>,
+}
+
+impl Controller {
+    fn file(&mut self, event: ControllerEvent) {
+        match event {
+            ControllerEvent::Member(change) => self.state.apply(change, &mut self.to_merge),
+            ControllerEvent::Observed(change) => {
+                let touched: Vec<NamespacedName> = match *change {
+                    ObservedChange::Imports(list) => {
+                        self.observed.replace_imports(list).into_iter().collect()
+                    }
+                    ObservedChange::Slices(list) => {
+                        self.observed.replace_slices(list).into_iter().collect()
+                    }
+                    ObservedChange::Exports(list) => {
+                        self.observed.replace_exports(list).into_iter().collect()
+                    }
+                    ObservedChange::Import(o) => self.observed.put_import(o).into_iter().collect(),
+                    ObservedChange::Slice(o) => self.observed.put_slice(o),
+                    ObservedChange::Export(o) => self.observed.put_export(o).into_iter().collect(),
+                    ObservedChange::Deleted(kind, id, rv) => self.observed.delete(kind, &id, rv),
+                };
+                self.to_compare.extend(touched);
+            }
+        }
+    }
+
+    /// Brings the members' withdrawal in line with `withdrawn`.
+    fn set_withdrawn(&mut self, withdrawn: BTreeSet<ClusterId>, watches: &[MemberWatch]) {
+        if withdrawn == self.withdrawn {
+            return;
+        }
+        for w in watches {
+            let out = withdrawn.contains(&w.cluster);
+            if out != self.withdrawn.contains(&w.cluster) {
+                if out {
+                    warn!(cluster = %w.cluster, grace_s = self.settings.unreachable_grace.as_secs_f64(),
+                        "member unreachable past the grace period; withdrawing its endpoints");
+                } else {
+                    info!(cluster = %w.cluster, "member is back; restoring its endpoints");
+                }
+                self.state.apply(
+                    MemberChange::Withdrawn(w.cluster.clone(), out),
+                    &mut self.to_merge,
+                );
+            }
+            self.metrics
+                .member_withdrawn
+                .get_or_create(&ClusterLabels {
+                    cluster: w.cluster.to_string(),
+                })
+                .set(i64::from(out));
+        }
+        self.withdrawn = withdrawn;
+    }
+
+    /// Merges what changed and compares every service that may differ; the actions to take.
+    fn decide(&mut self, now: &Time) -> (Vec<Action>, usize) {
+        let merged = if self.merged {
+            self.state.update(&std::mem::take(&mut self.to_merge))
+        } else {
+            // The first merge: everything, keeping the IPs the imports already hold.
+            self.to_merge.clear();
+            let existing: Vec<_> = self.observed.imports().map(|o| o.record.clone()).collect();
+            self.merged = true;
+            let services = self.state.merge_all(&existing);
+            for d in self.state.diagnostics() {
+                warn!("{d}");
+            }
+            services
+                .into_iter()
+                .chain(self.observed.services())
+                .collect()
+        };
+        let mut services = merged.clone();
+        services.extend(std::mem::take(&mut self.to_compare));
+        let local = self.settings.local.clone();
+        let mut actions = Vec::new();
+        for service in &services {
+            let output = self.state.service(service);
+            let desired = DesiredService::of(output, &local);
+            note_conflicts(&mut self.conflicts, &self.metrics, service, desired);
+            actions.extend(reconcile_service(
+                service,
+                desired,
+                self.observed.service(service),
+                now,
+            ));
+        }
+        actions.extend(reconcile_unlabelled(&self.observed));
+        (actions, merged.len())
+    }
+
+    /// Applies `actions`; the number of failed writes. What a write answered is filed as
+    /// observed at once.
+    async fn write(&mut self, actions: Vec<Action>, sink: &KubeSink) -> usize {
+        let mut errors = 0;
+        let mut failed_exports = BTreeSet::new();
+        for action in &actions {
+            if let Action::Event { export, .. } = action
+                && failed_exports.contains(export)
+            {
+                continue;
+            }
+            let (kind, op) = action.label();
+            match sink.apply(action).await {
+                Ok(written) => {
+                    self.metrics.write(kind, op, true);
+                    if let Action::Event { reason, .. } = action {
+                        self.metrics
+                            .events
+                            .get_or_create(&crate::telemetry::metrics::ReasonLabels {
+                                reason: reason.clone(),
+                            })
+                            .inc();
+                    }
+                    debug!(kind, op, object = %action.object(), "written");
+                    self.file_written(written);
+                }
+                Err(e) => {
+                    errors += 1;
+                    self.metrics.write(kind, op, false);
+                    match action.service() {
+                        Some(service) => {
+                            self.to_compare.insert(service.clone());
+                            if matches!(action, Action::ApplyExportStatus { .. }) {
+                                failed_exports.insert(service);
+                            }
+                        }
+                        // A slice deletion: compare every service again on the retry.
+                        None => self.to_compare.extend(self.observed.services()),
+                    }
+                    warn!(error = %e, "write failed; will retry");
+                }
+            }
+        }
+        errors
+    }
+
+    fn file_written(&mut self, written: Written) {
+        let names = &self.names;
+        match written {
+            Written::Import(o) => {
+                if let Some(o) = ObservedImport::from_k8s(&o, names) {
+                    self.observed.put_import(o);
+                }
+            }
+            Written::Slice(o) => {
+                self.observed.put_slice(ObservedSlice::from_k8s(&o, names));
+            }
+            Written::Export(o) => {
+                self.observed.put_export(ObservedExport::from_k8s(&o));
+            }
+            Written::DeletedImport {
+                service,
+                resource_version,
+            } => {
+                self.observed
+                    .delete(ObservedKind::Import, &service, resource_version);
+            }
+            Written::DeletedSlice {
+                slice,
+                resource_version,
+            } => {
+                self.observed
+                    .delete(ObservedKind::Slice, &slice, resource_version);
+            }
+            Written::Event => {}
+        }
+    }
+}
+
+/// Keeps the conflict reasons of `service`'s local export, and the `mcs_conflicts` gauges.
+fn note_conflicts(
+    conflicts: &mut HashMap<NamespacedName, Vec<String>>,
+    metrics: &Metrics,
+    service: &NamespacedName,
+    desired: DesiredService<'_>,
+) {
+    let reasons: Vec<String> = desired
+        .local_export
+        .iter()
+        .flat_map(|s| s.conditions.iter())
+        .filter(|c| c.type_ == ConditionType::Conflict && c.status == ConditionStatus::True)
+        .flat_map(|c| c.reason.split(',').map(str::to_owned))
+        .collect();
+    let changed = if reasons.is_empty() {
+        conflicts.remove(service).is_some()
+    } else {
+        conflicts.insert(service.clone(), reasons.clone()) != Some(reasons)
+    };
+    if changed {
+        let mut counts = BTreeMap::new();
+        for r in conflicts.values().flatten() {
+            *counts.entry(r.clone()).or_insert(0) += 1;
+        }
+        metrics.set_conflicts(&counts);
+    }
+}
 
 /// Runs the controller until the task is dropped or aborted: watches `members` (which include
 /// the local cluster), merges and writes into the local cluster.
@@ -118,6 +297,8 @@ pub async fn run(
         warn!(local = %settings.local, "the local cluster is not a member; the controller does nothing");
         return;
     };
+    let names = Arc::new(Interner::new());
+    let (tx, mut rx) = mpsc::unbounded_channel();
     let changed = Arc::new(Notify::new());
     let watches: Vec<MemberWatch> = members
         .into_iter()
@@ -127,25 +308,34 @@ pub async fn run(
                 client,
                 settings.probe_interval,
                 metrics.clone(),
+                names.clone(),
+                tx.clone(),
                 changed.clone(),
             )
         })
         .collect();
-    let writes = LocalWrites::start(
+    let local = LocalWatch::start(
         &settings.local,
         local_client.clone(),
         metrics.clone(),
+        names.clone(),
+        tx,
         changed.clone(),
     );
     let sink = KubeSink::new(local_client, &settings.identity);
-    let mut pass = Pass {
+    let mut state = MergeState::new(settings.clusterset.clone(), settings.local.clone());
+    state.set_grace(settings.unreachable_grace);
+    let mut ctl = Controller {
         settings: settings.clone(),
         metrics: metrics.clone(),
-        imports: Overlay::default(),
-        slices: Overlay::default(),
-        exports: Overlay::default(),
-        diagnostics: BTreeSet::new(),
+        state,
+        observed: ObservedIndex::default(),
+        names,
+        to_merge: BTreeSet::new(),
+        to_compare: BTreeSet::new(),
+        merged: false,
         withdrawn: BTreeSet::new(),
+        conflicts: HashMap::new(),
     };
     let started = Instant::now();
     let mut retry: Option<(Instant, Duration)> = None;
@@ -154,18 +344,51 @@ pub async fn run(
     loop {
         let deadline = next_deadline(&watches, &settings, started, retry.map(|r| r.0));
         tokio::select! {
+            event = rx.recv() => match event {
+                Some(event) => ctl.file(event),
+                None => return,
+            },
             () = changed.notified() => {}
             () = sleep_until(deadline) => {}
         }
-        tokio::time::sleep(SETTLE).await;
-        let Some(withdrawn) = gate(&watches, &writes, &settings, started) else {
+        // Everything queued is filed before the pass: a burst costs one pass.
+        while let Ok(event) = rx.try_recv() {
+            ctl.file(event);
+        }
+        let Some(withdrawn) = gate(&watches, &local, &settings, started) else {
             if !waiting_logged {
                 info!("waiting for the initial lists of every member before the first merge");
                 waiting_logged = true;
             }
             continue;
         };
-        let errors = pass.run(&watches, &writes, &sink, withdrawn).await;
+        ctl.set_withdrawn(withdrawn, &watches);
+        let retrying = retry.is_some_and(|(at, _)| Instant::now() >= at);
+        if ctl.merged && ctl.to_merge.is_empty() && ctl.to_compare.is_empty() && !retrying {
+            continue;
+        }
+        let pass_started = std::time::Instant::now();
+        let now = Time(
+            k8s_openapi::jiff::Timestamp::from_second(
+                k8s_openapi::jiff::Timestamp::now().as_second(),
+            )
+            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        );
+        let (actions, merged) = ctl.decide(&now);
+        let count = actions.len();
+        let errors = ctl.write(actions, &sink).await;
+        metrics
+            .reconcile_duration
+            .observe(pass_started.elapsed().as_secs_f64());
+        if count > 0 {
+            info!(
+                merged,
+                writes = count - errors,
+                errors,
+                elapsed_us = pass_started.elapsed().as_micros() as u64,
+                "reconciled"
+            );
+        }
         retry = match (errors, retry) {
             (0, _) => None,
             (_, None) => Some((
@@ -192,7 +415,7 @@ async fn sleep_until(deadline: Option<Instant>) {
 /// unreachable nor slow for longer than the grace period.
 fn gate(
     watches: &[MemberWatch],
-    writes: &LocalWrites,
+    local: &LocalWatch,
     settings: &ControllerSettings,
     started: Instant,
 ) -> Option<BTreeSet<ClusterId>> {
@@ -200,13 +423,12 @@ fn gate(
     let mut withdrawn = BTreeSet::new();
     for w in watches {
         if w.cluster == settings.local {
-            if !(w.synced() && writes.synced()) {
+            if !(w.synced() && local.synced()) {
                 return None;
             }
             continue;
         }
         let past_grace = w
-            .reachability
             .unreachable_since()
             .is_some_and(|since| since.elapsed() >= grace);
         if past_grace || (!w.synced() && started.elapsed() >= grace) {
@@ -218,7 +440,8 @@ fn gate(
     Some(withdrawn)
 }
 
-/// When the gate's answer can change without a watch event: a member reaching the grace period.
+/// When the gate's answer can change without a watch event: a member reaching the grace
+/// period, or a retry of failed writes.
 fn next_deadline(
     watches: &[MemberWatch],
     settings: &ControllerSettings,
@@ -230,158 +453,14 @@ fn next_deadline(
     watches
         .iter()
         .filter(|w| w.cluster != settings.local)
-        .filter_map(|w| match w.reachability.unreachable_since() {
-            Some(since) => Some(since + grace),
-            None if !w.synced() => Some(started + grace),
+        .filter_map(|w| match w.unreachable_since() {
+            Some(since) => since.checked_add(grace),
+            None if !w.synced() => started.checked_add(grace),
             None => None,
         })
         .filter(|d| *d > now)
         .chain(retry)
         .min()
-}
-
-/// One controller pass and the state kept between passes.
-struct Pass {
-    settings: Arc<ControllerSettings>,
-    metrics: Arc<Metrics>,
-    imports: Overlay<ServiceImport>,
-    slices: Overlay<EndpointSlice>,
-    exports: Overlay<ServiceExport>,
-    /// Diagnostics already logged.
-    diagnostics: BTreeSet<String>,
-    withdrawn: BTreeSet<ClusterId>,
-}
-
-impl Pass {
-    /// Merges, compares and writes; returns the number of failed writes.
-    async fn run(
-        &mut self,
-        watches: &[MemberWatch],
-        writes: &LocalWrites,
-        sink: &KubeSink,
-        withdrawn: BTreeSet<ClusterId>,
-    ) -> usize {
-        let started = std::time::Instant::now();
-        let settings = self.settings.clone();
-        if withdrawn != self.withdrawn {
-            for w in watches {
-                let out = withdrawn.contains(&w.cluster);
-                if out != self.withdrawn.contains(&w.cluster) {
-                    if out {
-                        warn!(cluster = %w.cluster, grace_s = settings.unreachable_grace.as_secs_f64(),
-                            "member unreachable past the grace period; withdrawing its endpoints");
-                    } else {
-                        info!(cluster = %w.cluster, "member is back; restoring its endpoints");
-                    }
-                }
-                self.metrics
-                    .member_withdrawn
-                    .get_or_create(&ClusterLabels {
-                        cluster: w.cluster.to_string(),
-                    })
-                    .set(i64::from(out));
-            }
-            self.withdrawn = withdrawn.clone();
-        }
-        let names = Interner::new();
-        let snapshots: Vec<ClusterSnapshot> = watches.iter().map(|w| w.snapshot(&names)).collect();
-        let Some(local) = watches.iter().find(|w| w.cluster == settings.local) else {
-            return 0;
-        };
-        let observed = Observed {
-            imports: self.imports.view(&writes.imports),
-            slices: self.slices.view(&writes.slices),
-            exports: self.exports.view(&local.exports),
-        };
-        let existing: Vec<ImportRecord> = observed
-            .imports
-            .iter()
-            .filter_map(|o| ImportRecord::from_k8s(o, &names, false).record)
-            .collect();
-        let plan = desired(
-            &snapshots,
-            &settings.clusterset,
-            &settings.local,
-            &existing,
-            &withdrawn,
-            settings.unreachable_grace,
-        );
-        let diagnostics: BTreeSet<String> =
-            plan.diagnostics.iter().map(ToString::to_string).collect();
-        for d in diagnostics.difference(&self.diagnostics) {
-            warn!("{d}");
-        }
-        self.diagnostics = diagnostics;
-        self.metrics
-            .set_conflicts(&conflict_counts(&plan, &settings.local));
-        let now = Time(
-            k8s_openapi::jiff::Timestamp::from_second(
-                k8s_openapi::jiff::Timestamp::now().as_second(),
-            )
-            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
-        );
-        let actions = reconcile(&plan, &settings.local, &observed, &now);
-        let mut errors = 0;
-        let mut failed_exports = HashSet::new();
-        for action in &actions {
-            if let Action::Event { export, .. } = action
-                && failed_exports.contains(export)
-            {
-                continue;
-            }
-            let (kind, op) = action.label();
-            match sink.apply(action).await {
-                Ok(written) => {
-                    self.metrics.write(kind, op, true);
-                    if let Action::Event { reason, .. } = action {
-                        self.metrics
-                            .events
-                            .get_or_create(&crate::telemetry::metrics::ReasonLabels {
-                                reason: reason.clone(),
-                            })
-                            .inc();
-                    }
-                    debug!(kind, op, object = %action.object(), "written");
-                    match written {
-                        Written::Import(o) => self.imports.written(o),
-                        Written::Slice(o) => self.slices.written(o),
-                        Written::Export(o) => self.exports.written(o),
-                        Written::DeletedImport {
-                            service,
-                            resource_version,
-                        } => self.imports.deleted(service, resource_version),
-                        Written::DeletedSlice {
-                            slice,
-                            resource_version,
-                        } => self.slices.deleted(slice, resource_version),
-                        Written::Event => {}
-                    }
-                }
-                Err(e) => {
-                    errors += 1;
-                    self.metrics.write(kind, op, false);
-                    if let Action::ApplyExportStatus { service, .. } = action {
-                        failed_exports.insert(service.clone());
-                    }
-                    warn!(error = %e, "write failed; will retry");
-                }
-            }
-        }
-        self.metrics
-            .reconcile_duration
-            .observe(started.elapsed().as_secs_f64());
-        if !actions.is_empty() {
-            info!(
-                imports = plan.service_imports.len(),
-                slices = plan.endpoint_slices.len(),
-                writes = actions.len() - errors,
-                errors,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "reconciled"
-            );
-        }
-        errors
-    }
 }
 
 /// Runs the controller while `leader` says this agent holds the lease, and stops it (dropping

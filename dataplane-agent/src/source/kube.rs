@@ -1,45 +1,55 @@
-//! Kubernetes watchers → plain snapshots (the Kubernetes mode's thin edge on the input side).
+//! Kubernetes watchers → compact records, event by event (the Kubernetes mode's thin edge on
+//! the input side). No watched object is stored: each is converted into a record as it
+//! arrives and the API object dropped; the stores are the consumers' (the node's input index,
+//! the controller's merge state and observed index).
 //!
-//! Every watched kind is a kube-runtime reflector with the default backoff: a watch that fails
-//! resumes, and one that gets 410 Gone re-lists; the store swaps to the new list only when it
-//! is complete (`InitDone`), so a reader never sees half a list. Each event wakes a shared
-//! [`Notify`]; consumers re-read the stores when woken.
+//! Every watch is a kube-runtime watcher with the default backoff: a watch that fails resumes,
+//! and one that gets 410 Gone re-lists. A first list and every re-list are collected until
+//! `InitDone` and handed on as one complete list, which prunes what was deleted meanwhile.
 //!
+//! - [`watch_node_inputs`]: the node role's ServiceImports and imported EndpointSlices, with
+//!   our managed-by label → the node's [`Change`]s.
 //! - [`MemberWatch`]: one member cluster's Services, ServiceExports and local EndpointSlices
-//!   (label `kubernetes.io/service-name`) → a [`ClusterSnapshot`], plus a probe of its API
-//!   server ([`Reachability`]).
-//! - [`LocalWrites`]: the objects the controller writes in the local cluster (ServiceImports
-//!   and EndpointSlices with our managed-by label), to compare desired with observed.
-//! - [`watch_node_inputs`]: the node role's ServiceImports and imported EndpointSlices (label
-//!   `multicluster.kubernetes.io/service-name`) → [`Change`]s, event by event (no store).
+//!   (label `kubernetes.io/service-name`) → [`MemberChange`]s for the controller's merge, with
+//!   the member's health: a probe of its API server and the state of its watches.
+//! - [`LocalWatch`]: what the controller wrote in the local cluster (imports and slices with
+//!   our managed-by label) and the local ServiceExports' conditions → [`ObservedChange`]s.
 
 use std::{
     fmt::Debug,
     sync::{
         Arc, Mutex, PoisonError,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
     },
     time::Duration,
 };
 
 use futures::StreamExt as _;
 use kube::{
-    Api, Client, Resource, ResourceExt as _,
-    runtime::{WatchStreamExt as _, reflector, watcher},
+    Api, Client, Resource,
+    api::ListParams,
+    runtime::{WatchStreamExt as _, utils::Backoff, watcher},
 };
 use serde::de::DeserializeOwned;
-use tokio::{sync::Notify, task::JoinHandle, time::Instant};
+use tokio::{
+    sync::{Notify, mpsc},
+    task::JoinHandle,
+    time::Instant,
+};
 use tracing::{debug, info, warn};
 
 use crate::{source::feed::ChangeSender, telemetry::metrics::Metrics};
 use dataplane_core::{
     lb::inputs::{Change, import_input, slice_input},
-    merge::ClusterSnapshot,
+    merge::MemberChange,
     model::{
         ClusterId, EndpointSlice, Interner, LABEL_APP_MANAGED_BY, LABEL_K8S_SERVICE_NAME,
         LABEL_MANAGED_BY, LABEL_SERVICE_NAME, MANAGED_BY, NamespacedName, Service, ServiceExport,
-        ServiceImport, resource_version,
+        ServiceImport,
+        member::{ExportRecord, LocalSlice, ServiceRecord},
+        resource_version,
     },
+    reconcile::{ObservedExport, ObservedImport, ObservedKind, ObservedSlice},
 };
 
 /// Aborts a task when dropped: the watchers of a role live exactly as long as the role.
@@ -52,105 +62,20 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// A reflector's store, with the highest resourceVersion it has seen and whether its first list
-/// is complete.
-pub struct Reflected<K: Resource<DynamicType = ()> + 'static> {
-    store: reflector::Store<K>,
-    watermark: Arc<AtomicU64>,
-    ready: Arc<AtomicBool>,
-}
-
-impl<K: Resource<DynamicType = ()> + Clone + 'static> Reflected<K> {
-    /// The objects, sorted by namespace and name.
-    pub fn objects(&self) -> Vec<Arc<K>> {
-        let mut all = self.store.state();
-        all.sort_by_key(|o| (o.namespace(), o.name_any()));
-        all
-    }
-
-    /// The highest resourceVersion of any event applied so far: every change up to it is in
-    /// the store.
-    pub fn watermark(&self) -> u64 {
-        self.watermark.load(Ordering::Acquire)
-    }
-
-    /// Whether the first list is complete.
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
-    }
-}
-
-/// Starts a reflector over `api`. Every event wakes `changed`; errors are counted as
-/// `mcs_watch_restarts_total{cluster, resource}` and logged, and the watcher backs off and
-/// resumes (or re-lists after 410 Gone).
-pub fn reflect<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    cluster: &ClusterId,
-    resource: &'static str,
-    metrics: Arc<Metrics>,
-    changed: Arc<Notify>,
-) -> (Reflected<K>, AbortOnDrop)
-where
-    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
-{
-    let (store, writer) = reflector::store();
-    let watermark = Arc::new(AtomicU64::new(0));
-    let ready = Arc::new(AtomicBool::new(false));
-    let (wm, rd) = (watermark.clone(), ready.clone());
-    let cluster = cluster.to_string();
-    let stream = watcher(api, config).default_backoff().reflect(writer);
-    let task = tokio::spawn(stream.for_each(move |event| {
-        let bump = |o: &K| {
-            wm.fetch_max(resource_version(o.meta()), Ordering::AcqRel);
-        };
-        match &event {
-            Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o) | watcher::Event::InitApply(o)) => {
-                bump(o)
-            }
-            Ok(watcher::Event::InitDone) => {
-                if !rd.swap(true, Ordering::AcqRel) {
-                    debug!(cluster = %cluster, resource, "initial list complete");
-                }
-            }
-            Ok(watcher::Event::Init) => {}
-            Err(e) => {
-                metrics.watch_restart(&cluster, resource);
-                warn!(cluster = %cluster, resource, error = %e, "watch failed; backing off and resuming");
-            }
-        }
-        if !matches!(
-            event,
-            Ok(watcher::Event::Init | watcher::Event::InitApply(_))
-        ) {
-            changed.notify_one();
-        }
-        async {}
-    }));
-    (
-        Reflected {
-            store,
-            watermark,
-            ready,
-        },
-        AbortOnDrop(task),
-    )
-}
-
-/// Whether a member's API server answers, from a periodic probe (`GET /version`).
+/// Since when something has been failing, or `None` while it works.
 #[derive(Debug, Default)]
 pub struct Reachability {
-    /// When the current run of failed probes started; `None` while it answers.
+    /// When the current run of failures started; `None` while it works.
     since: Mutex<Option<Instant>>,
 }
 
 impl Reachability {
-    /// `None` while reachable; else since when it has not been.
+    /// `None` while it works; else since when it has not.
     pub fn unreachable_since(&self) -> Option<Instant> {
         *self.since.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records a probe result; true when the state changed.
+    /// Records a result; true when the state changed.
     pub fn record(&self, ok: bool) -> bool {
         let mut since = self.since.lock().unwrap_or_else(PoisonError::into_inner);
         match (ok, since.is_some()) {
@@ -167,11 +92,52 @@ impl Reachability {
     }
 }
 
+/// How one watched kind is doing: whether its first list is complete, and since when its
+/// watch has been failing.
+#[derive(Debug, Default)]
+pub struct WatchHealth {
+    listed: AtomicBool,
+    failing: Reachability,
+}
+
+impl WatchHealth {
+    /// Whether the first complete list has arrived.
+    pub fn listed(&self) -> bool {
+        self.listed.load(Ordering::Acquire)
+    }
+
+    /// Since when the watch has been failing (list or watch errors, nothing received since).
+    pub fn failing_since(&self) -> Option<Instant> {
+        self.failing.unreachable_since()
+    }
+}
+
+/// Lists one page of one object of each watched kind: proof that the member answers and that
+/// we may still read what we watch (an API server can answer `/version` while our RBAC is
+/// revoked). `limit=1` without a resourceVersion is a cheap consistent read.
+async fn probe_lists(client: &Client) -> [Result<(), kube::Error>; 3] {
+    let one = ListParams::default().limit(1);
+    let services = Api::<Service>::all(client.clone());
+    let exports = Api::<ServiceExport>::all(client.clone());
+    let slices = Api::<EndpointSlice>::all(client.clone());
+    let slice_params = one.clone().labels(LABEL_K8S_SERVICE_NAME);
+    let (a, b, c) = tokio::join!(
+        services.list_metadata(&one),
+        exports.list_metadata(&one),
+        slices.list_metadata(&slice_params),
+    );
+    [a.map(drop), b.map(drop), c.map(drop)]
+}
+
+/// Probes a member every `interval` (see [`probe_lists`]). A successful list also ends the
+/// failure of the matching watch: a watch that resumes yields nothing until something
+/// changes, so its own events cannot say that it works again.
 async fn probe(
     cluster: ClusterId,
     client: Client,
     interval: Duration,
     reach: Arc<Reachability>,
+    watches: [Arc<WatchHealth>; 3],
     metrics: Arc<Metrics>,
     changed: Arc<Notify>,
 ) {
@@ -182,22 +148,32 @@ async fn probe(
         })
         .clone();
     loop {
-        let result = tokio::time::timeout(
-            interval.max(Duration::from_secs(1)),
-            client.apiserver_version(),
-        )
-        .await;
-        let ok = matches!(result, Ok(Ok(_)));
+        let timeout = interval.max(Duration::from_secs(1));
+        let failure = match tokio::time::timeout(timeout, probe_lists(&client)).await {
+            Err(_) => Some("timed out".to_owned()),
+            Ok(results) => {
+                let mut failure = None;
+                for (result, watch) in results.iter().zip(&watches) {
+                    match result {
+                        Ok(()) => {
+                            if watch.failing.record(true) {
+                                changed.notify_one();
+                            }
+                        }
+                        Err(e) => failure = failure.or_else(|| Some(e.to_string())),
+                    }
+                }
+                failure
+            }
+        };
+        let ok = failure.is_none();
         gauge.set(i64::from(ok));
         if reach.record(ok) {
-            if ok {
-                info!(cluster = %cluster, "member API server is reachable again");
-            } else {
-                let why = match result {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "timed out".to_owned(),
-                };
-                warn!(cluster = %cluster, error = %why, "member API server is unreachable");
+            match failure {
+                None => info!(cluster = %cluster, "member API server is reachable again"),
+                Some(why) => {
+                    warn!(cluster = %cluster, error = %why, "member API server is unreachable")
+                }
             }
             changed.notify_one();
         }
@@ -205,84 +181,372 @@ async fn probe(
     }
 }
 
+/// How long a failed watch waits before it retries: from 250 ms, doubling to 8 s, and back to
+/// 250 ms after a success. client-go's default (800 ms to 30 s, reset only after 2 minutes)
+/// is kinder to a struggling API server, but here it would keep a member that is back
+/// counted as unreachable, and its endpoints withdrawn, for up to a minute.
+#[derive(Clone, Copy, Debug)]
+struct WatchBackoff {
+    next: Duration,
+}
+
+impl WatchBackoff {
+    const MIN: Duration = Duration::from_millis(250);
+    const MAX: Duration = Duration::from_secs(8);
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        WatchBackoff { next: Self::MIN }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let wait = self.next;
+        self.next = (self.next * 2).min(Self::MAX);
+        Some(wait)
+    }
+}
+
+impl Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = Self::MIN;
+    }
+}
+
+/// Turns an API object into a record (`None`: nothing usable).
+type Convert<K, T> = Box<dyn Fn(&K) -> Option<T> + Send>;
+
+/// How the events of one watched kind become the consumer's events.
+struct Kind<K, T, E> {
+    convert: Convert<K, T>,
+    list: Box<dyn Fn(Vec<T>) -> E + Send>,
+    apply: Box<dyn Fn(T) -> E + Send>,
+    delete: Box<dyn Fn(&K) -> E + Send>,
+}
+
+/// The [`Kind`] of one member resource: records made by `convert` with the shared `names`,
+/// carried by the three [`MemberChange`] variants of that resource.
+fn member_kind<K, R>(
+    cluster: &ClusterId,
+    names: &Arc<Interner>,
+    convert: fn(&K, &Interner) -> R,
+    list: fn(ClusterId, Vec<Arc<R>>) -> MemberChange,
+    apply: fn(ClusterId, Arc<R>) -> MemberChange,
+    delete: fn(ClusterId, NamespacedName) -> MemberChange,
+) -> Kind<K, Arc<R>, ControllerEvent>
+where
+    K: kube::Resource + 'static,
+    R: Send + Sync + 'static,
+{
+    let names = names.clone();
+    let (c1, c2, c3) = (cluster.clone(), cluster.clone(), cluster.clone());
+    Kind {
+        convert: Box::new(move |o| Some(Arc::new(convert(o, &names)))),
+        list: Box::new(move |l| ControllerEvent::Member(list(c1.clone(), l))),
+        apply: Box::new(move |r| ControllerEvent::Member(apply(c2.clone(), r))),
+        delete: Box::new(move |o| {
+            ControllerEvent::Member(delete(c3.clone(), NamespacedName::of(o.meta())))
+        }),
+    }
+}
+
+/// Where one watch reports.
+struct Report<E> {
+    cluster: String,
+    resource: &'static str,
+    metrics: Arc<Metrics>,
+    tx: mpsc::UnboundedSender<E>,
+    health: Arc<WatchHealth>,
+    /// Woken when the health changes.
+    changed: Option<Arc<Notify>>,
+    /// Purged after each complete list.
+    names: Arc<Interner>,
+}
+
+/// The [`Report`] of each of a cluster's three watches, by resource and index in `watches`.
+fn reports<'a, E>(
+    cluster: &'a ClusterId,
+    metrics: &'a Arc<Metrics>,
+    tx: &'a mpsc::UnboundedSender<E>,
+    watches: &'a [Arc<WatchHealth>; 3],
+    changed: &'a Arc<Notify>,
+    names: &'a Arc<Interner>,
+) -> impl Fn(&'static str, usize) -> Report<E> + 'a {
+    move |resource, i| Report {
+        cluster: cluster.to_string(),
+        resource,
+        metrics: metrics.clone(),
+        tx: tx.clone(),
+        health: watches[i].clone(),
+        changed: Some(changed.clone()),
+        names: names.clone(),
+    }
+}
+
+/// Watches one kind and sends its events until the receiver is gone. Errors are counted as
+/// `mcs_watch_restarts_total{cluster, resource}`, logged and recorded in the health; the
+/// watcher backs off and resumes (or re-lists).
+async fn forward<K, T, E>(
+    api: Api<K>,
+    config: watcher::Config,
+    report: Report<E>,
+    kind: Kind<K, T, E>,
+) where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    let Report {
+        cluster,
+        resource,
+        metrics,
+        tx,
+        health,
+        changed,
+        names,
+    } = report;
+    let stream = watcher(api, config).backoff(WatchBackoff::default());
+    futures::pin_mut!(stream);
+    // The objects of a list in progress (between Init and InitDone).
+    let mut listing: Vec<T> = Vec::new();
+    let wake = || {
+        if let Some(c) = &changed {
+            c.notify_one();
+        }
+    };
+    loop {
+        let event = tokio::select! {
+            event = stream.next() => event,
+            () = tx.closed() => return,
+        };
+        let Some(event) = event else { return };
+        if event.is_ok() && health.failing.record(true) {
+            info!(cluster = %cluster, resource, "watch works again");
+            wake();
+        }
+        let out = match event {
+            Ok(watcher::Event::Init) => {
+                listing.clear();
+                None
+            }
+            Ok(watcher::Event::InitApply(o)) => {
+                listing.extend((kind.convert)(&o));
+                None
+            }
+            Ok(watcher::Event::InitDone) => {
+                debug!(cluster = %cluster, resource, objects = listing.len(), "list complete");
+                let list = (kind.list)(std::mem::take(&mut listing));
+                names.purge();
+                if !health.listed.swap(true, Ordering::AcqRel) {
+                    wake();
+                }
+                Some(list)
+            }
+            Ok(watcher::Event::Apply(o)) => Some(match (kind.convert)(&o) {
+                Some(record) => (kind.apply)(record),
+                None => (kind.delete)(&o),
+            }),
+            Ok(watcher::Event::Delete(o)) => Some((kind.delete)(&o)),
+            Err(e) => {
+                metrics.watch_restart(&cluster, resource);
+                warn!(cluster = %cluster, resource, error = %e, "watch failed; backing off and resuming");
+                if health.failing.record(false) {
+                    wake();
+                }
+                None
+            }
+        };
+        if let Some(out) = out
+            && tx.send(out).is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// The node role's source: sends every change of the local cluster's ServiceImports and
+/// imported EndpointSlices to the node on `tx`, one watch event at a time, until the node is
+/// gone. Only objects with our managed-by label are watched: an import or slice someone else
+/// wrote is never routed.
+///
+/// There is no store here: the node's input index is the store, and each event names the
+/// object that changed, so the node updates the one service it belongs to. The node writes
+/// nothing before it has both first lists, so nothing is pruned after a restart before they
+/// are complete. An API server that goes away leaves the last state in place.
+pub async fn watch_node_inputs(
+    cluster: ClusterId,
+    client: Client,
+    metrics: Arc<Metrics>,
+    tx: ChangeSender,
+) {
+    let names = Arc::new(Interner::new());
+    let report = |resource| Report {
+        cluster: cluster.to_string(),
+        resource,
+        metrics: metrics.clone(),
+        tx: tx.clone(),
+        health: Arc::default(),
+        changed: None,
+        names: names.clone(),
+    };
+    let (n1, n2) = (names.clone(), names.clone());
+    let imports = forward::<ServiceImport, _, _>(
+        Api::all(client.clone()),
+        watcher::Config::default().labels(&import_selector()),
+        report("serviceimports/node"),
+        Kind {
+            convert: Box::new(move |o| Some(import_input(o, &n1))),
+            list: Box::new(Change::Imports),
+            apply: Box::new(Change::Import),
+            delete: Box::new(|o| Change::ImportDeleted(NamespacedName::of(o.meta()))),
+        },
+    );
+    let slices = forward::<EndpointSlice, _, _>(
+        Api::all(client),
+        watcher::Config::default().labels(&format!("{},{LABEL_SERVICE_NAME}", slice_selector())),
+        report("endpointslices/node"),
+        Kind {
+            convert: Box::new(move |o| Some(slice_input(o, &n2))),
+            list: Box::new(Change::Slices),
+            apply: Box::new(Change::Slice),
+            delete: Box::new(|o| Change::SliceDeleted(NamespacedName::of(o.meta()))),
+        },
+    );
+    futures::join!(imports, slices);
+}
+
+/// What the controller learns from its watches.
+#[derive(Debug)]
+pub enum ControllerEvent {
+    /// A member's objects changed.
+    Member(MemberChange),
+    /// What the local cluster holds of the controller's writes changed.
+    Observed(Box<ObservedChange>),
+}
+
+/// A change to the local cluster's objects the controller compares against.
+#[derive(Debug)]
+pub enum ObservedChange {
+    /// The complete list of our imports.
+    Imports(Vec<ObservedImport>),
+    /// The complete list of our imported slices.
+    Slices(Vec<ObservedSlice>),
+    /// The complete list of the local ServiceExports.
+    Exports(Vec<ObservedExport>),
+    /// An import of ours was added or changed.
+    Import(ObservedImport),
+    /// A slice of ours was added or changed.
+    Slice(ObservedSlice),
+    /// A local ServiceExport was added or changed.
+    Export(ObservedExport),
+    /// An object is gone, as of that resourceVersion.
+    Deleted(ObservedKind, NamespacedName, u64),
+}
+
+type EventSender = mpsc::UnboundedSender<ControllerEvent>;
+
 /// One member cluster, watched.
 pub struct MemberWatch {
+    /// The member.
     pub cluster: ClusterId,
-    pub services: Reflected<Service>,
-    pub exports: Reflected<ServiceExport>,
-    pub slices: Reflected<EndpointSlice>,
+    /// Whether its API server lets us list what we watch.
     pub reachability: Arc<Reachability>,
+    /// Its Services', ServiceExports' and local slices' watches.
+    pub watches: [Arc<WatchHealth>; 3],
     _tasks: Vec<AbortOnDrop>,
 }
 
 impl MemberWatch {
-    /// Starts watching `cluster` through `client`, and probing it every `probe_interval`.
+    /// Starts watching `cluster` through `client` (sending its changes on `tx`) and probing
+    /// it every `probe_interval`; `changed` is woken when its health changes.
     pub fn start(
         cluster: ClusterId,
         client: Client,
         probe_interval: Duration,
         metrics: Arc<Metrics>,
+        names: Arc<Interner>,
+        tx: EventSender,
         changed: Arc<Notify>,
     ) -> Self {
-        let (services, t1) = reflect(
-            Api::all(client.clone()),
+        let watches: [Arc<WatchHealth>; 3] = Default::default();
+        let report = reports(&cluster, &metrics, &tx, &watches, &changed, &names);
+        let services = forward(
+            Api::<Service>::all(client.clone()),
             watcher::Config::default(),
-            &cluster,
-            "services",
-            metrics.clone(),
-            changed.clone(),
+            report("services", 0),
+            member_kind(
+                &cluster,
+                &names,
+                ServiceRecord::from_k8s,
+                MemberChange::Services,
+                MemberChange::Service,
+                MemberChange::ServiceDeleted,
+            ),
         );
-        let (exports, t2) = reflect(
-            Api::all(client.clone()),
+        let exports = forward(
+            Api::<ServiceExport>::all(client.clone()),
             watcher::Config::default(),
-            &cluster,
-            "serviceexports",
-            metrics.clone(),
-            changed.clone(),
+            report("serviceexports", 1),
+            member_kind(
+                &cluster,
+                &names,
+                ExportRecord::from_k8s,
+                MemberChange::Exports,
+                MemberChange::Export,
+                MemberChange::ExportDeleted,
+            ),
         );
-        let (slices, t3) = reflect(
-            Api::all(client.clone()),
+        let slices = forward(
+            Api::<EndpointSlice>::all(client.clone()),
             watcher::Config::default().labels(LABEL_K8S_SERVICE_NAME),
-            &cluster,
-            "endpointslices",
-            metrics.clone(),
-            changed.clone(),
+            report("endpointslices", 2),
+            member_kind(
+                &cluster,
+                &names,
+                LocalSlice::from_k8s,
+                MemberChange::Slices,
+                MemberChange::Slice,
+                MemberChange::SliceDeleted,
+            ),
         );
         let reachability = Arc::new(Reachability::default());
-        let t4 = AbortOnDrop(tokio::spawn(probe(
-            cluster.clone(),
-            client,
-            probe_interval,
-            reachability.clone(),
-            metrics,
-            changed,
-        )));
+        let tasks = vec![
+            AbortOnDrop(tokio::spawn(services)),
+            AbortOnDrop(tokio::spawn(exports)),
+            AbortOnDrop(tokio::spawn(slices)),
+            AbortOnDrop(tokio::spawn(probe(
+                cluster.clone(),
+                client,
+                probe_interval,
+                reachability.clone(),
+                watches.clone(),
+                metrics.clone(),
+                changed.clone(),
+            ))),
+        ];
         MemberWatch {
-            cluster,
-            services,
-            exports,
-            slices,
+            cluster: cluster.clone(),
             reachability,
-            _tasks: vec![t1, t2, t3, t4],
+            watches: watches.clone(),
+            _tasks: tasks,
         }
     }
 
-    /// Whether all three initial lists are complete.
+    /// Whether all three first lists are complete.
     pub fn synced(&self) -> bool {
-        self.services.is_ready() && self.exports.is_ready() && self.slices.is_ready()
+        self.watches.iter().all(|w| w.listed())
     }
 
-    /// The member's objects as the merge takes them.
-    pub fn snapshot(&self, names: &Interner) -> ClusterSnapshot {
-        let services: Vec<Service> = owned(self.services.objects());
-        let exports: Vec<ServiceExport> = owned(self.exports.objects());
-        let slices: Vec<EndpointSlice> = owned(self.slices.objects());
-        ClusterSnapshot::from_k8s(self.cluster.clone(), &services, &exports, &slices, names)
+    /// Since when the member has been unreachable: its API server not answering, or any of
+    /// its watches failing. `None` while everything works.
+    pub fn unreachable_since(&self) -> Option<Instant> {
+        std::iter::once(self.reachability.unreachable_since())
+            .chain(self.watches.iter().map(|w| w.failing_since()))
+            .flatten()
+            .min()
     }
-}
-
-fn owned<K: Clone>(objects: Vec<Arc<K>>) -> Vec<K> {
-    objects.into_iter().map(|o| (*o).clone()).collect()
 }
 
 /// The label selector of the ServiceImports the controller manages.
@@ -295,162 +559,82 @@ pub fn slice_selector() -> String {
     format!("{LABEL_MANAGED_BY}={MANAGED_BY}")
 }
 
-/// What the controller has written into the local cluster, as watched.
-pub struct LocalWrites {
-    pub imports: Reflected<ServiceImport>,
-    pub slices: Reflected<EndpointSlice>,
+/// The event of a local object's deletion.
+fn gone<K: Resource>(kind: ObservedKind, o: &K) -> ControllerEvent {
+    ControllerEvent::Observed(Box::new(ObservedChange::Deleted(
+        kind,
+        NamespacedName::of(o.meta()),
+        resource_version(o.meta()),
+    )))
+}
+
+/// What the local cluster holds of the controller's writes, and its ServiceExports, watched.
+pub struct LocalWatch {
+    /// The imports', slices' and exports' watches.
+    pub watches: [Arc<WatchHealth>; 3],
     _tasks: Vec<AbortOnDrop>,
 }
 
-impl LocalWrites {
+impl LocalWatch {
+    /// Starts the watches of the local cluster through `client`, sending on `tx`.
     pub fn start(
         cluster: &ClusterId,
         client: Client,
         metrics: Arc<Metrics>,
+        names: Arc<Interner>,
+        tx: EventSender,
         changed: Arc<Notify>,
     ) -> Self {
-        let (imports, t1) = reflect(
+        let watches: [Arc<WatchHealth>; 3] = Default::default();
+        let report = reports(cluster, &metrics, &tx, &watches, &changed, &names);
+        let observed = |change| ControllerEvent::Observed(Box::new(change));
+        let n = names.clone();
+        let imports = forward::<ServiceImport, _, _>(
             Api::all(client.clone()),
             watcher::Config::default().labels(&import_selector()),
-            cluster,
-            "serviceimports",
-            metrics.clone(),
-            changed.clone(),
+            report("serviceimports/imported", 0),
+            Kind {
+                convert: Box::new(move |o| ObservedImport::from_k8s(o, &n)),
+                list: Box::new(move |l| observed(ObservedChange::Imports(l))),
+                apply: Box::new(move |r| observed(ObservedChange::Import(r))),
+                delete: Box::new(|o| gone(ObservedKind::Import, o)),
+            },
         );
-        let (slices, t2) = reflect(
-            Api::all(client),
+        let n = names.clone();
+        let slices = forward::<EndpointSlice, _, _>(
+            Api::all(client.clone()),
             watcher::Config::default().labels(&slice_selector()),
-            cluster,
-            "endpointslices/imported",
-            metrics,
-            changed,
+            report("endpointslices/imported", 1),
+            Kind {
+                convert: Box::new(move |o| Some(ObservedSlice::from_k8s(o, &n))),
+                list: Box::new(move |l| observed(ObservedChange::Slices(l))),
+                apply: Box::new(move |r| observed(ObservedChange::Slice(r))),
+                delete: Box::new(|o| gone(ObservedKind::Slice, o)),
+            },
         );
-        LocalWrites {
-            imports,
-            slices,
-            _tasks: vec![t1, t2],
+        let exports = forward::<ServiceExport, _, _>(
+            Api::all(client),
+            watcher::Config::default(),
+            report("serviceexports/status", 2),
+            Kind {
+                convert: Box::new(|o| Some(ObservedExport::from_k8s(o))),
+                list: Box::new(move |l| observed(ObservedChange::Exports(l))),
+                apply: Box::new(move |r| observed(ObservedChange::Export(r))),
+                delete: Box::new(|o| gone(ObservedKind::Export, o)),
+            },
+        );
+        LocalWatch {
+            watches: watches.clone(),
+            _tasks: vec![
+                AbortOnDrop(tokio::spawn(imports)),
+                AbortOnDrop(tokio::spawn(slices)),
+                AbortOnDrop(tokio::spawn(exports)),
+            ],
         }
     }
 
+    /// Whether all three first lists are complete.
     pub fn synced(&self) -> bool {
-        self.imports.is_ready() && self.slices.is_ready()
-    }
-}
-
-/// The node role's source: sends every change of the local cluster's ServiceImports and
-/// imported EndpointSlices (label `multicluster.kubernetes.io/service-name`) to the node on
-/// `tx`, one watch event at a time, until the node is gone.
-///
-/// There is no reflector store here: the node's [`InputIndex`](dataplane_core::lb::inputs::InputIndex)
-/// is the store, and each event names the object that changed, so the node updates the one
-/// service it belongs to. Objects are converted into compact records as they arrive
-/// ([`import_input`], [`slice_input`]) and the API objects dropped. A watch's first list and
-/// every re-list (after 410 Gone) are collected until `InitDone` and sent as one complete list,
-/// which prunes what was deleted meanwhile; the node writes nothing before it has both first
-/// lists, so nothing is pruned after a restart before they are complete. An API server that
-/// goes away leaves the last state in place (the watcher backs off and resumes).
-pub async fn watch_node_inputs(
-    cluster: ClusterId,
-    client: Client,
-    metrics: Arc<Metrics>,
-    tx: ChangeSender,
-) {
-    let names = Arc::new(Interner::new());
-    let imports = forward::<ServiceImport, _>(
-        Api::all(client.clone()),
-        watcher::Config::default(),
-        &cluster,
-        "serviceimports/node",
-        metrics.clone(),
-        tx.clone(),
-        names.clone(),
-        Kind {
-            convert: import_input,
-            list: Change::Imports,
-            apply: Change::Import,
-            delete: Change::ImportDeleted,
-        },
-    );
-    let slices = forward::<EndpointSlice, _>(
-        Api::all(client),
-        watcher::Config::default().labels(LABEL_SERVICE_NAME),
-        &cluster,
-        "endpointslices/node",
-        metrics,
-        tx,
-        names,
-        Kind {
-            convert: slice_input,
-            list: Change::Slices,
-            apply: Change::Slice,
-            delete: Change::SliceDeleted,
-        },
-    );
-    futures::join!(imports, slices);
-}
-
-/// How the events of one kind become [`Change`]s.
-struct Kind<K, T> {
-    convert: fn(&K, &Interner) -> T,
-    list: fn(Vec<T>) -> Change,
-    apply: fn(T) -> Change,
-    delete: fn(NamespacedName) -> Change,
-}
-
-/// Watches one kind and sends its events as changes until `tx` is closed. Errors are counted
-/// as `mcs_watch_restarts_total{cluster, resource}` and logged; the watcher backs off and
-/// resumes (or re-lists).
-#[allow(clippy::too_many_arguments)]
-async fn forward<K, T>(
-    api: Api<K>,
-    config: watcher::Config,
-    cluster: &ClusterId,
-    resource: &'static str,
-    metrics: Arc<Metrics>,
-    tx: ChangeSender,
-    names: Arc<Interner>,
-    kind: Kind<K, T>,
-) where
-    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
-{
-    let cluster = cluster.to_string();
-    let stream = watcher(api, config).default_backoff();
-    futures::pin_mut!(stream);
-    // The objects of a list in progress (between Init and InitDone).
-    let mut listing: Vec<T> = Vec::new();
-    loop {
-        let event = tokio::select! {
-            event = stream.next() => event,
-            () = tx.closed() => return,
-        };
-        let Some(event) = event else { return };
-        let change = match event {
-            Ok(watcher::Event::Init) => {
-                listing.clear();
-                None
-            }
-            Ok(watcher::Event::InitApply(o)) => {
-                listing.push((kind.convert)(&o, &names));
-                None
-            }
-            Ok(watcher::Event::InitDone) => {
-                debug!(cluster = %cluster, resource, objects = listing.len(), "list complete");
-                let change = (kind.list)(std::mem::take(&mut listing));
-                names.purge();
-                Some(change)
-            }
-            Ok(watcher::Event::Apply(o)) => Some((kind.apply)((kind.convert)(&o, &names))),
-            Ok(watcher::Event::Delete(o)) => Some((kind.delete)(NamespacedName::of(o.meta()))),
-            Err(e) => {
-                metrics.watch_restart(&cluster, resource);
-                warn!(cluster = %cluster, resource, error = %e, "watch failed; backing off and resuming");
-                None
-            }
-        };
-        if let Some(change) = change
-            && tx.send(change).is_err()
-        {
-            return;
-        }
+        self.watches.iter().all(|w| w.listed())
     }
 }

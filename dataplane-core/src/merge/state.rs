@@ -240,6 +240,13 @@ impl MergeState {
         self.merge_everything(&existing);
     }
 
+    /// Merges every service again, keeping the ClusterSet IPs of `existing` (the importing
+    /// cluster's current imports) while valid; the services the merge made anything of.
+    pub fn merge_all(&mut self, existing: &[ImportRecord]) -> BTreeSet<NamespacedName> {
+        self.merge_everything(&sticky_ips(existing));
+        self.outputs.keys().cloned().collect()
+    }
+
     fn member(&mut self, service: &NamespacedName, cluster: &ClusterId) -> &mut Member {
         self.services
             .entry(service.clone())

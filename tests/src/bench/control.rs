@@ -22,7 +22,7 @@ use dataplane_core::{
     fixtures::synthetic::{self, Shape},
     lb::{self, FrontendAddr, LbTable, Protocol},
     merge::{self, ClusterSetConfig, MergeOutput},
-    model::{EndpointSlice, NamespacedName},
+    model::{EndpointSlice, LABEL_APP_MANAGED_BY, MANAGED_BY, NamespacedName},
 };
 use serde::Serialize;
 
@@ -328,7 +328,14 @@ fn event_to_map(
     let rt = tokio::runtime::Runtime::new()?;
     let server = rt.block_on(FakeApiServer::start())?;
     for import in &plan.service_imports {
-        server.put(&import.to_k8s());
+        let mut import = import.to_k8s();
+        // As the controller writes it: the node routes only imports with our label.
+        import
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(LABEL_APP_MANAGED_BY.to_owned(), MANAGED_BY.to_owned());
+        server.put(&import);
     }
     for slice in &plan.endpoint_slices {
         server.put(&slice.to_k8s());

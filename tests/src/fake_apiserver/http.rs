@@ -203,6 +203,13 @@ fn route(
         ));
     }
     let t = target(shared, &rec.path)?;
+    if shared.is_forbidden(&t.rt.plural) {
+        return Err(ApiError::new(
+            403,
+            "Forbidden",
+            format!("{} is forbidden (fake RBAC)", t.rt.plural),
+        ));
+    }
     let param = |k: &str| rec.param(k);
     if param("dryRun").is_some() {
         return Err(ApiError::bad_request(
@@ -217,15 +224,19 @@ fn route(
         (&Method::GET, None) => {
             let (labels, fields) = selectors(rec)?;
             let st = shared.state();
-            let items: Vec<Value> = st
+            let matching: Vec<Value> = st
                 .list(rt, (!t.all_namespaces).then_some(ns))
                 .iter()
                 .filter(|o| labels.matches(o) && fields.matches(o))
                 .map(|o| present(o, av))
                 .collect();
-            // limit/continue are ignored: everything comes in one page without a continue token.
+            let (page, next) = page(rec, matching)?;
+            let mut metadata = json!({"resourceVersion": st.rv.to_string()});
+            if let Some(offset) = next {
+                metadata["continue"] = json!(offset.to_string());
+            }
             let list = json!({"apiVersion": av, "kind": format!("{}List", rt.kind),
-                "metadata": {"resourceVersion": st.rv.to_string()}, "items": items});
+                "metadata": metadata, "items": page});
             Ok(full(StatusCode::OK, &list))
         }
         (&Method::POST, None) if !t.all_namespaces => {
@@ -316,6 +327,33 @@ fn route(
             "MethodNotAllowed",
             format!("{m} is not supported on {}", rec.path),
         )),
+    }
+}
+
+/// One page of a list: `limit` items from the offset in `continue` (the token is the offset; a
+/// page is not a consistent snapshot with the pages before it, unlike etcd's). Returns the
+/// page and the next page's token.
+fn page(rec: &RecordedRequest, items: Vec<Value>) -> Result<(Vec<Value>, Option<usize>), ApiError> {
+    let number = |key: &str| -> Result<Option<usize>, ApiError> {
+        rec.param(key)
+            .filter(|v| !v.is_empty())
+            .map(|v| {
+                v.parse::<usize>()
+                    .map_err(|_| ApiError::bad_request(format!("invalid {key} {v:?}")))
+            })
+            .transpose()
+    };
+    let offset = number("continue")?.unwrap_or(0);
+    let limit = number("limit")?.filter(|&l| l > 0);
+    let rest = items.into_iter().skip(offset);
+    match limit {
+        None => Ok((rest.collect(), None)),
+        Some(limit) => {
+            let mut rest = rest.peekable();
+            let page: Vec<Value> = rest.by_ref().take(limit).collect();
+            let next = rest.peek().is_some().then_some(offset + limit);
+            Ok((page, next))
+        }
     }
 }
 

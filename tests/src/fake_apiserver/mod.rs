@@ -25,6 +25,7 @@ mod select;
 mod store;
 
 use std::{
+    collections::BTreeSet,
     net::SocketAddr,
     sync::{Arc, Mutex, MutexGuard, PoisonError},
     time::Duration,
@@ -168,6 +169,8 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     requests: Mutex<Vec<RecordedRequest>>,
     bookmark_interval: Duration,
+    /// Plurals whose new requests get 403 Forbidden (see [`FakeApiServer::forbid`]).
+    forbidden: Mutex<BTreeSet<String>>,
 }
 
 impl Shared {
@@ -175,6 +178,13 @@ impl Shared {
     /// that matters for tests, so a poisoned lock is simply taken over.
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn is_forbidden(&self, plural: &str) -> bool {
+        self.forbidden
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(plural)
     }
 
     fn record(&self, rec: RecordedRequest) {
@@ -193,8 +203,8 @@ struct Serving {
 /// The fake API server. Dropping it stops serving.
 ///
 /// Not implemented: API discovery (`/api`, `/apis`; only `/version`), authentication and RBAC,
-/// admission and schema validation or defaulting, pagination (`limit`/`continue` are ignored:
-/// one page, no continue token), `resourceVersionMatch`/exact-version reads (lists and gets are
+/// admission and schema validation or defaulting, consistent pagination (`limit`/`continue`
+/// page by offset; later pages show the store as it is then), `resourceVersionMatch`/exact-version reads (lists and gets are
 /// always current), strategic-merge list merging (lists are replaced; lists are atomic for
 /// apply, which matches CRDs without `x-kubernetes-list-type`), `dryRun` (rejected with 400),
 /// delete-collection, create-on-update for PUT, garbage collection / owner references,
@@ -232,6 +242,7 @@ impl FakeApiServer {
             state: Mutex::new(State::new(ResourceType::builtins(), options.history_limit)),
             requests: Mutex::new(Vec::new()),
             bookmark_interval: options.bookmark_interval,
+            forbidden: Mutex::new(BTreeSet::new()),
         });
         let server = Self {
             shared,
@@ -311,6 +322,25 @@ impl FakeApiServer {
         let listener = bind(self.addr).with_context(|| format!("re-binding {}", self.addr))?;
         self.serve(listener);
         Ok(())
+    }
+
+    /// Simulates revoked RBAC: new requests for `plural` (any group) get 403 Forbidden, while
+    /// `/version` still answers. Like a real API server, watches already open go on.
+    pub fn forbid(&self, plural: &str) {
+        self.shared
+            .forbidden
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(plural.to_owned());
+    }
+
+    /// Undoes [`forbid`](Self::forbid).
+    pub fn allow(&self, plural: &str) {
+        self.shared
+            .forbidden
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(plural);
     }
 
     /// Every request received so far, in arrival order.

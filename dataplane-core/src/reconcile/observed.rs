@@ -1,0 +1,400 @@
+//! What the local cluster holds of the controller's writes, as compact records: the
+//! ServiceImports and imported EndpointSlices with our managed-by label, and the local
+//! ServiceExports' conditions. The controller keeps them indexed by service, from its watches
+//! and from the answers to its own writes.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
+
+use foldhash::{HashMap, HashSet};
+
+use crate::model::{
+    Condition, EndpointSlice, FIELD_MANAGER, Interner, NamespacedName, ObjectMeta, ServiceExport,
+    ServiceImport,
+    records::{ImportRecord, ImportedSlice},
+    resource_version,
+};
+
+use super::EXPORT_CONDITION_TYPES;
+
+/// The label or annotation keys our field manager applied to an object, from `managedFields`.
+pub fn owned_keys(meta: &ObjectMeta, field: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for entry in meta.managed_fields.iter().flatten() {
+        let ours = entry.manager.as_deref() == Some(FIELD_MANAGER)
+            && entry.operation.as_deref() == Some("Apply")
+            && entry.subresource.as_deref().is_none_or(str::is_empty);
+        let Some(fields) = entry.fields_v1.as_ref().filter(|_| ours) else {
+            continue;
+        };
+        if let Some(map) = fields
+            .0
+            .pointer(&format!("/f:metadata/f:{field}"))
+            .and_then(|v| v.as_object())
+        {
+            out.extend(
+                map.keys()
+                    .filter_map(|k| k.strip_prefix("f:"))
+                    .map(str::to_owned),
+            );
+        }
+    }
+    out
+}
+
+/// Labels or annotations: the object's, and the keys of them we applied.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnedMap {
+    /// Every key and value the object has.
+    pub values: BTreeMap<String, String>,
+    /// The keys our field manager applied.
+    pub ours: BTreeSet<String>,
+}
+
+impl OwnedMap {
+    fn of(meta: &ObjectMeta, field: &str) -> Self {
+        let values = match field {
+            "labels" => meta.labels.clone(),
+            _ => meta.annotations.clone(),
+        };
+        OwnedMap {
+            values: values.unwrap_or_default(),
+            ours: owned_keys(meta, field),
+        }
+    }
+
+    /// Whether the object has every `desired` key and value and no key we applied that is no
+    /// longer desired (a server-side apply removes those).
+    pub fn agrees(&self, desired: &BTreeMap<String, String>) -> bool {
+        desired.iter().all(|(k, v)| self.values.get(k) == Some(v))
+            && self.ours.iter().all(|k| desired.contains_key(k))
+    }
+}
+
+/// A ServiceImport of ours as the cluster has it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObservedImport {
+    /// Its spec, status, labels and annotations.
+    pub record: ImportRecord,
+    /// Its labels, with the keys we applied.
+    pub labels: OwnedMap,
+    /// Its annotations, with the keys we applied.
+    pub annotations: OwnedMap,
+    /// `metadata.uid`: deletes are conditional on it.
+    pub uid: Option<String>,
+    /// `metadata.resourceVersion`, as a number.
+    pub resource_version: u64,
+}
+
+impl ObservedImport {
+    /// Reads a ServiceImport.
+    pub fn from_k8s(si: &ServiceImport, names: &Interner) -> Option<Self> {
+        Some(ObservedImport {
+            record: ImportRecord::from_k8s(si, names, true).record?,
+            labels: OwnedMap::of(&si.metadata, "labels"),
+            annotations: OwnedMap::of(&si.metadata, "annotations"),
+            uid: si.metadata.uid.clone(),
+            resource_version: resource_version(&si.metadata),
+        })
+    }
+}
+
+/// An imported EndpointSlice of ours as the cluster has it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObservedSlice {
+    /// Its namespace/name.
+    pub id: NamespacedName,
+    /// The service it belongs to (its namespace and service-name label), when labelled.
+    pub service: Option<NamespacedName>,
+    /// What it holds, when it is a well-formed imported slice.
+    pub record: Option<ImportedSlice>,
+    /// Its labels, with the keys we applied.
+    pub labels: OwnedMap,
+    /// `metadata.uid`: deletes are conditional on it.
+    pub uid: Option<String>,
+    /// `metadata.resourceVersion`, as a number.
+    pub resource_version: u64,
+}
+
+impl ObservedSlice {
+    /// Reads an EndpointSlice.
+    pub fn from_k8s(slice: &EndpointSlice, names: &Interner) -> Self {
+        let converted = ImportedSlice::from_k8s(slice, names);
+        // A slice with warnings differs from anything the merge writes: it is rewritten.
+        let record = converted.record.filter(|_| converted.warnings.is_empty());
+        ObservedSlice {
+            id: converted.id,
+            service: converted.service,
+            record,
+            labels: OwnedMap::of(&slice.metadata, "labels"),
+            uid: slice.metadata.uid.clone(),
+            resource_version: resource_version(&slice.metadata),
+        }
+    }
+}
+
+/// A local ServiceExport as the controller compares it: its conditions of our types.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObservedExport {
+    /// Its namespace/name.
+    pub id: NamespacedName,
+    /// `metadata.uid`, for Events about it.
+    pub uid: Option<String>,
+    /// Its `Valid`, `Ready` and `Conflict` conditions.
+    pub conditions: Vec<Condition>,
+    /// Whether it is being deleted (its status is left alone then).
+    pub deleting: bool,
+    /// `metadata.resourceVersion`, as a number.
+    pub resource_version: u64,
+}
+
+impl ObservedExport {
+    /// Reads a ServiceExport.
+    pub fn from_k8s(se: &ServiceExport) -> Self {
+        ObservedExport {
+            id: NamespacedName::of(&se.metadata),
+            uid: se.metadata.uid.clone(),
+            conditions: se
+                .status
+                .iter()
+                .flat_map(|s| s.conditions.iter())
+                .filter(|c| EXPORT_CONDITION_TYPES.contains(&c.type_.as_str()))
+                .cloned()
+                .collect(),
+            deleting: se.metadata.deletion_timestamp.is_some(),
+            resource_version: resource_version(&se.metadata),
+        }
+    }
+}
+
+/// One service's observed objects.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ObservedService<'a> {
+    /// Its import of ours.
+    pub import: Option<&'a ObservedImport>,
+    /// Its imported slices of ours, by name.
+    pub slices: &'a [Arc<ObservedSlice>],
+    /// The local ServiceExport of the same namespace/name.
+    pub export: Option<&'a ObservedExport>,
+}
+
+/// One kind of observed object, for [`ObservedIndex`]'s bookkeeping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ObservedKind {
+    /// ServiceImports.
+    Import,
+    /// Imported EndpointSlices.
+    Slice,
+    /// Local ServiceExports.
+    Export,
+}
+
+/// The observed objects by service. An object is replaced only by a newer version (a watch
+/// event older than the answer to our own write is stale), and a deletion leaves a tombstone
+/// until a newer version or a complete list arrives.
+#[derive(Debug, Default)]
+pub struct ObservedIndex {
+    imports: HashMap<NamespacedName, Arc<ObservedImport>>,
+    exports: HashMap<NamespacedName, Arc<ObservedExport>>,
+    /// Slices by the service they belong to (`None`: unlabelled), sorted by name.
+    slices: HashMap<Option<NamespacedName>, Vec<Arc<ObservedSlice>>>,
+    /// Where each slice is filed.
+    slice_homes: HashMap<NamespacedName, Option<NamespacedName>>,
+    tombstones: HashMap<(ObservedKind, NamespacedName), u64>,
+}
+
+impl ObservedIndex {
+    /// One service's observed objects.
+    pub fn service(&self, service: &NamespacedName) -> ObservedService<'_> {
+        ObservedService {
+            import: self.imports.get(service).map(|a| &**a),
+            slices: self
+                .slices
+                .get(&Some(service.clone()))
+                .map(Vec::as_slice)
+                .unwrap_or(&[]),
+            export: self.exports.get(service).map(|a| &**a),
+        }
+    }
+
+    /// Every service something is observed of.
+    pub fn services(&self) -> BTreeSet<NamespacedName> {
+        self.imports
+            .keys()
+            .chain(self.exports.keys())
+            .chain(self.slices.keys().flatten())
+            .cloned()
+            .collect()
+    }
+
+    /// Slices of no service (no service-name label): the controller deletes them.
+    pub fn unlabelled_slices(&self) -> &[Arc<ObservedSlice>] {
+        self.slices.get(&None).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// The imports observed, in no particular order.
+    pub fn imports(&self) -> impl Iterator<Item = &ObservedImport> {
+        self.imports.values().map(|a| &**a)
+    }
+
+    fn fresh(
+        &self,
+        kind: ObservedKind,
+        id: &NamespacedName,
+        rv: u64,
+        current: Option<u64>,
+    ) -> bool {
+        current.is_none_or(|c| rv >= c)
+            && self
+                .tombstones
+                .get(&(kind, id.clone()))
+                .is_none_or(|t| rv > *t)
+    }
+
+    /// Files an import; the service it belongs to when anything changed.
+    pub fn put_import(&mut self, o: ObservedImport) -> Option<NamespacedName> {
+        let id = o.record.service.clone();
+        let current = self.imports.get(&id).map(|c| c.resource_version);
+        if !self.fresh(ObservedKind::Import, &id, o.resource_version, current) {
+            return None;
+        }
+        self.tombstones.remove(&(ObservedKind::Import, id.clone()));
+        self.imports.insert(id.clone(), Arc::new(o));
+        Some(id)
+    }
+
+    /// Files an export; its service when anything changed.
+    pub fn put_export(&mut self, o: ObservedExport) -> Option<NamespacedName> {
+        let id = o.id.clone();
+        let current = self.exports.get(&id).map(|c| c.resource_version);
+        if !self.fresh(ObservedKind::Export, &id, o.resource_version, current) {
+            return None;
+        }
+        self.tombstones.remove(&(ObservedKind::Export, id.clone()));
+        self.exports.insert(id.clone(), Arc::new(o));
+        Some(id)
+    }
+
+    /// Files a slice; the services it left and joined.
+    pub fn put_slice(&mut self, o: ObservedSlice) -> Vec<NamespacedName> {
+        let id = o.id.clone();
+        let current = self.find_slice(&id).map(|c| c.resource_version);
+        if !self.fresh(ObservedKind::Slice, &id, o.resource_version, current) {
+            return Vec::new();
+        }
+        self.tombstones.remove(&(ObservedKind::Slice, id.clone()));
+        let mut touched = self.unfile_slice(&id);
+        let home = o.service.clone();
+        let list = self.slices.entry(home.clone()).or_default();
+        let at = list.partition_point(|s| s.id.name <= id.name);
+        list.insert(at, Arc::new(o));
+        self.slice_homes.insert(id, home.clone());
+        touched.extend(home);
+        touched
+    }
+
+    fn find_slice(&self, id: &NamespacedName) -> Option<&ObservedSlice> {
+        let home = self.slice_homes.get(id)?;
+        self.slices
+            .get(home)?
+            .iter()
+            .find(|s| s.id == *id)
+            .map(|a| &**a)
+    }
+
+    fn unfile_slice(&mut self, id: &NamespacedName) -> Vec<NamespacedName> {
+        let Some(home) = self.slice_homes.remove(id) else {
+            return Vec::new();
+        };
+        if let Some(list) = self.slices.get_mut(&home) {
+            list.retain(|s| s.id != *id);
+            if list.is_empty() {
+                self.slices.remove(&home);
+            }
+        }
+        home.into_iter().collect()
+    }
+
+    /// Records that an object is gone as of `resource_version`; the services it touched.
+    pub fn delete(
+        &mut self,
+        kind: ObservedKind,
+        id: &NamespacedName,
+        resource_version: u64,
+    ) -> Vec<NamespacedName> {
+        let t = self.tombstones.entry((kind, id.clone())).or_insert(0);
+        *t = (*t).max(resource_version);
+        match kind {
+            ObservedKind::Import => self
+                .imports
+                .remove(id)
+                .map(|_| id.clone())
+                .into_iter()
+                .collect(),
+            ObservedKind::Export => self
+                .exports
+                .remove(id)
+                .map(|_| id.clone())
+                .into_iter()
+                .collect(),
+            ObservedKind::Slice => self.unfile_slice(id),
+        }
+    }
+
+    /// Replaces every object of `kind` with a complete list (a watch's first list or a
+    /// re-list); the services whose objects differ.
+    pub fn replace_imports(&mut self, list: Vec<ObservedImport>) -> BTreeSet<NamespacedName> {
+        let old = std::mem::take(&mut self.imports);
+        self.tombstones
+            .retain(|(k, _), _| *k != ObservedKind::Import);
+        for o in list {
+            self.imports.insert(o.record.service.clone(), Arc::new(o));
+        }
+        old.keys()
+            .chain(self.imports.keys())
+            .filter(|s| old.get(*s) != self.imports.get(*s))
+            .cloned()
+            .collect()
+    }
+
+    /// [`ObservedIndex::replace_imports`] for exports.
+    pub fn replace_exports(&mut self, list: Vec<ObservedExport>) -> BTreeSet<NamespacedName> {
+        let old = std::mem::take(&mut self.exports);
+        self.tombstones
+            .retain(|(k, _), _| *k != ObservedKind::Export);
+        for o in list {
+            self.exports.insert(o.id.clone(), Arc::new(o));
+        }
+        old.keys()
+            .chain(self.exports.keys())
+            .filter(|s| old.get(*s) != self.exports.get(*s))
+            .cloned()
+            .collect()
+    }
+
+    /// [`ObservedIndex::replace_imports`] for slices.
+    pub fn replace_slices(&mut self, list: Vec<ObservedSlice>) -> BTreeSet<NamespacedName> {
+        let old = std::mem::take(&mut self.slices);
+        self.slice_homes.clear();
+        self.tombstones
+            .retain(|(k, _), _| *k != ObservedKind::Slice);
+        for o in list {
+            let id = o.id.clone();
+            let home = o.service.clone();
+            self.slice_homes.insert(id, home.clone());
+            self.slices.entry(home).or_default().push(Arc::new(o));
+        }
+        for list in self.slices.values_mut() {
+            list.sort_by(|a, b| a.id.name.cmp(&b.id.name));
+        }
+        let homes: HashSet<&Option<NamespacedName>> =
+            old.keys().chain(self.slices.keys()).collect();
+        homes
+            .into_iter()
+            .filter(|h| old.get(*h) != self.slices.get(*h))
+            .filter_map(|h| h.clone())
+            .collect()
+    }
+}

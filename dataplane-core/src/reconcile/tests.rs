@@ -1,0 +1,134 @@
+//! Unit tests of the controller's decisions.
+
+use super::*;
+use crate::fixtures::{cluster, endpoint, export, labels, local_slice, service, snapshot};
+use crate::model::{FIELD_MANAGER, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+use serde_json::json;
+
+fn meta(labels: &[(&str, &str)], owned: &[&str]) -> ObjectMeta {
+    let fields: serde_json::Map<String, serde_json::Value> = owned
+        .iter()
+        .map(|k| (format!("f:{k}"), json!({})))
+        .collect();
+    ObjectMeta {
+        labels: Some(
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+        managed_fields: Some(vec![
+            ManagedFieldsEntry {
+                manager: Some(FIELD_MANAGER.into()),
+                operation: Some("Apply".into()),
+                fields_v1: Some(FieldsV1(json!({"f:metadata": {"f:labels": fields}}))),
+                ..Default::default()
+            },
+            // Another manager's labels never count as ours.
+            ManagedFieldsEntry {
+                manager: Some("kubectl".into()),
+                operation: Some("Apply".into()),
+                fields_v1: Some(FieldsV1(
+                    json!({"f:metadata": {"f:labels": {"f:team": {}}}}),
+                )),
+                ..Default::default()
+            },
+        ]),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn labels_agree_unless_ours_are_missing_or_stale() {
+    let observed = meta(&[("a", "1"), ("team", "x")], &["a"]);
+    let labels_of = |m: &ObjectMeta| OwnedMap {
+        values: m.labels.clone().unwrap_or_default(),
+        ours: owned_keys(m, "labels"),
+    };
+    let observed = labels_of(&observed);
+    // Someone else's label is left alone.
+    assert!(observed.agrees(&labels(&[("a", "1")])));
+    // A changed or a new desired label needs a write.
+    assert!(!observed.agrees(&labels(&[("a", "2")])));
+    assert!(!observed.agrees(&labels(&[("a", "1"), ("b", "1")])));
+    // A label we applied and no longer want needs a write (the apply removes it).
+    assert!(!observed.agrees(&labels(&[])));
+}
+
+#[test]
+fn transition_times_move_only_with_the_status() {
+    let at = |s: &str| Time(s.parse().expect("time"));
+    let cond = |t: &str, status: &str, when: &str| Condition {
+        type_: t.into(),
+        status: status.into(),
+        reason: "R".into(),
+        message: String::new(),
+        observed_generation: None,
+        last_transition_time: at(when),
+    };
+    let observed = [
+        cond("Valid", "True", "2026-01-01T00:00:00Z"),
+        cond("Conflict", "False", "2026-01-01T00:00:00Z"),
+    ];
+    let desired = [
+        cond("Valid", "True", "1970-01-01T00:00:00Z"),
+        cond("Conflict", "True", "1970-01-01T00:00:00Z"),
+        cond("Ready", "True", "1970-01-01T00:00:00Z"),
+    ];
+    let now = at("2026-02-02T00:00:00Z");
+    let got = with_transition_times(&desired, &observed, &now);
+    let times: Vec<_> = got.iter().map(|c| c.last_transition_time.clone()).collect();
+    assert_eq!(times, [at("2026-01-01T00:00:00Z"), now.clone(), now]);
+}
+
+#[test]
+fn withdrawn_members_keep_their_exports_but_lose_their_endpoints() {
+    let member = |id: &str, ip: &str| {
+        snapshot(id)
+            .service(
+                service("demo", "web")
+                    .families(&["IPv4"])
+                    .port(("http", 80)),
+            )
+            .export(export("demo", "web"))
+            .slice(
+                local_slice("demo", "web-x", "web")
+                    .endpoint(endpoint(ip))
+                    .port(("http", 8080)),
+            )
+            .build()
+    };
+    let snapshots = [member("east", "10.1.0.1"), member("west", "10.2.0.1")];
+    let east = cluster("east");
+    let withdrawn = BTreeSet::from([cluster("west")]);
+    let p = desired(
+        &snapshots,
+        &ClusterSetConfig::default(),
+        &east,
+        &[],
+        &withdrawn,
+        Duration::from_secs(300),
+    );
+    let sources: Vec<&str> = p
+        .endpoint_slices
+        .iter()
+        .map(|s| s.cluster.as_str())
+        .collect();
+    assert_eq!(sources, ["east"]);
+    let status = p.service_imports[0].status.as_ref().expect("status");
+    assert_eq!(status.clusters.len(), 2, "west still exports");
+    let ready = &status.conditions[0];
+    assert_eq!(
+        (ready.type_.as_str(), ready.status.as_str()),
+        ("Ready", "True")
+    );
+    assert!(
+        ready
+            .message
+            .contains("Endpoints of cluster \"west\" are withdrawn")
+            && ready.message.contains("300s"),
+        "{}",
+        ready.message
+    );
+}
