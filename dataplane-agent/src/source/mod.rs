@@ -4,6 +4,7 @@
 
 pub mod clusterset_dir;
 pub mod feed;
+pub mod file_index;
 pub mod kube;
 pub mod manifests;
 pub mod node_dir;
