@@ -1,9 +1,12 @@
 //! Kubernetes manifests from YAML text: multi-document, any of the kinds the product reads.
 //! Reading files is the agent's job (`source::manifests`); this is the pure decoder.
 //!
-//! Parsing is per document: a malformed document or an unknown kind gives a [`ManifestError`]
-//! naming the file, the document index and, when it can be read, the object; every other
-//! document of the file is still used.
+//! Decoding is streaming and per document: [`Documents`] decodes one document at a time, so a
+//! reader converts each object into its compact record as it comes and never holds a file's
+//! objects at once. A malformed document or an unknown kind gives a [`ManifestError`] naming
+//! the file, the document index and, when it can be read, the object; every other document of
+//! the file is still used. A YAML syntax error ends the stream (it cannot be resynchronised),
+//! and [`Documents::syntax_error`] says so: a reader may then keep what it had of the file.
 
 use std::{
     fmt,
@@ -30,10 +33,23 @@ pub enum Manifest {
     EndpointSlice(Box<EndpointSlice>),
 }
 
+impl Manifest {
+    /// `Kind namespace/name`, the way errors and diagnostics name an object.
+    pub fn describe(&self) -> String {
+        let (kind, meta) = match self {
+            Manifest::Service(o) => ("Service", &o.metadata),
+            Manifest::ServiceExport(o) => ("ServiceExport", &o.metadata),
+            Manifest::ServiceImport(o) => ("ServiceImport", &o.metadata),
+            Manifest::EndpointSlice(o) => ("EndpointSlice", &o.metadata),
+        };
+        format!("{kind} {}", NamespacedName::of(meta))
+    }
+}
+
 /// A document that could not be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub struct ManifestError {
-    /// The file the document is in, as given to [`parse_documents`].
+    /// The file the document is in, as given to [`Documents::new`].
     pub file: PathBuf,
     /// 0-based index of the YAML document in the file.
     pub document: usize,
@@ -65,7 +81,136 @@ struct TypeMeta {
     metadata: Option<crate::model::ObjectMeta>,
 }
 
-/// Parses every document of `text`. `file` is only used in errors.
+/// One usable document: its 0-based index in the file and its object.
+pub type Document = (usize, Manifest);
+
+/// The documents of a YAML text, decoded one at a time: each item is a usable document or the
+/// error of one that is not. Empty documents (a trailing `---`) are skipped. The stream ends
+/// after a YAML syntax error ([`Documents::syntax_error`]).
+///
+/// ```
+/// use std::path::Path;
+///
+/// use dataplane_core::manifest::{Documents, Manifest};
+///
+/// let text = "apiVersion: multicluster.x-k8s.io/v1beta1
+/// kind: ServiceExport
+/// metadata: {name: web, namespace: demo}
+/// ---
+/// kind: [unclosed";
+/// let mut documents = Documents::new(text, Path::new("c1/web.yaml"));
+/// let first = documents.next().unwrap().unwrap();
+/// assert!(matches!(first, (0, Manifest::ServiceExport(_))));
+/// let second = documents.next().unwrap().unwrap_err();
+/// assert!(second.message.starts_with("malformed YAML"));
+/// assert!(documents.next().is_none());
+/// assert!(documents.syntax_error());
+/// ```
+pub struct Documents<'a> {
+    stream: serde_yaml::Deserializer<'a>,
+    file: &'a Path,
+    next: usize,
+    syntax_error: bool,
+}
+
+impl<'a> Documents<'a> {
+    /// The documents of `text`; `file` is only used in errors.
+    pub fn new(text: &'a str, file: &'a Path) -> Self {
+        Documents {
+            stream: serde_yaml::Deserializer::from_str(text),
+            file,
+            next: 0,
+            syntax_error: false,
+        }
+    }
+
+    /// Whether the text has a YAML syntax error: the stream stopped there, and the documents
+    /// after it were not read.
+    pub fn syntax_error(&self) -> bool {
+        self.syntax_error
+    }
+}
+
+impl Iterator for Documents<'_> {
+    type Item = Result<Document, ManifestError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while !self.syntax_error {
+            let de = self.stream.next()?;
+            let document = self.next;
+            self.next += 1;
+            let error = |object: Option<String>, message: String| ManifestError {
+                file: self.file.to_owned(),
+                document,
+                object,
+                message,
+            };
+            let value = match serde_yaml::Value::deserialize(de) {
+                Ok(serde_yaml::Value::Null) => continue, // empty document, e.g. a trailing `---`
+                Ok(v) => v,
+                Err(e) => {
+                    // The YAML stream cannot be resynchronised after a syntax error.
+                    self.syntax_error = true;
+                    return Some(Err(error(None, format!("malformed YAML: {e}"))));
+                }
+            };
+            return Some(
+                decode(value)
+                    .map(|m| (document, m))
+                    .map_err(|(o, m)| error(o, m)),
+            );
+        }
+        None
+    }
+}
+
+/// Decodes one document's value into its type: `Err((object, message))` when it is no usable
+/// object.
+fn decode(value: serde_yaml::Value) -> Result<Manifest, (Option<String>, String)> {
+    let meta = match TypeMeta::deserialize(&value) {
+        Ok(m) => m,
+        Err(e) => return Err((None, format!("not a Kubernetes object: {e}"))),
+    };
+    let kind = meta.kind.unwrap_or_default();
+    let api_version = meta.api_version.unwrap_or_default();
+    let name = meta
+        .metadata
+        .as_ref()
+        .map(NamespacedName::of)
+        .map(|n| format!("{kind} {n}"));
+    if meta
+        .metadata
+        .as_ref()
+        .and_then(|m| m.name.as_ref())
+        .is_none()
+    {
+        return Err((name, "metadata.name is missing".into()));
+    }
+    let parsed = match (api_version.as_str(), kind.as_str()) {
+        ("v1", "Service") => Service::deserialize(value).map(|o| Manifest::Service(Box::new(o))),
+        ("discovery.k8s.io/v1", "EndpointSlice") => {
+            EndpointSlice::deserialize(value).map(|o| Manifest::EndpointSlice(Box::new(o)))
+        }
+        (API_VERSION_V1BETA1 | API_VERSION_V1ALPHA1, "ServiceExport") => {
+            ServiceExport::deserialize(as_v1beta1(value))
+                .map(|o| Manifest::ServiceExport(Box::new(o)))
+        }
+        (API_VERSION_V1BETA1 | API_VERSION_V1ALPHA1, "ServiceImport") => {
+            ServiceImport::deserialize(as_v1beta1(value))
+                .map(|o| Manifest::ServiceImport(Box::new(o)))
+        }
+        _ => {
+            return Err((
+                name,
+                format!("unsupported kind {kind:?} of apiVersion {api_version:?}"),
+            ));
+        }
+    };
+    parsed.map_err(|e| (name, format!("invalid {kind}: {e}")))
+}
+
+/// Parses every document of `text` at once ([`Documents`], collected). `file` is only used in
+/// errors.
 ///
 /// ```
 /// use std::path::Path;
@@ -87,67 +232,10 @@ struct TypeMeta {
 pub fn parse_documents(text: &str, file: &Path) -> (Vec<Manifest>, Vec<ManifestError>) {
     let mut objects = Vec::new();
     let mut errors = Vec::new();
-    for (document, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let error = |object: Option<String>, message: String| ManifestError {
-            file: file.to_owned(),
-            document,
-            object,
-            message,
-        };
-        let value = match serde_yaml::Value::deserialize(de) {
-            Ok(serde_yaml::Value::Null) => continue, // empty document, e.g. a trailing `---`
-            Ok(v) => v,
-            Err(e) => {
-                errors.push(error(None, format!("malformed YAML: {e}")));
-                // The YAML stream cannot be resynchronised after a syntax error.
-                break;
-            }
-        };
-        let meta: TypeMeta = match serde_yaml::from_value(value.clone()) {
-            Ok(m) => m,
-            Err(e) => {
-                errors.push(error(None, format!("not a Kubernetes object: {e}")));
-                continue;
-            }
-        };
-        let kind = meta.kind.unwrap_or_default();
-        let api_version = meta.api_version.unwrap_or_default();
-        let name = meta
-            .metadata
-            .as_ref()
-            .map(NamespacedName::of)
-            .map(|n| format!("{kind} {n}"));
-        if meta
-            .metadata
-            .as_ref()
-            .and_then(|m| m.name.as_ref())
-            .is_none()
-        {
-            errors.push(error(name, "metadata.name is missing".into()));
-            continue;
-        }
-        let parsed = match (api_version.as_str(), kind.as_str()) {
-            ("v1", "Service") => serde_yaml::from_value(value).map(Manifest::Service),
-            ("discovery.k8s.io/v1", "EndpointSlice") => {
-                serde_yaml::from_value(value).map(Manifest::EndpointSlice)
-            }
-            (API_VERSION_V1BETA1 | API_VERSION_V1ALPHA1, "ServiceExport") => {
-                serde_yaml::from_value(as_v1beta1(value)).map(Manifest::ServiceExport)
-            }
-            (API_VERSION_V1BETA1 | API_VERSION_V1ALPHA1, "ServiceImport") => {
-                serde_yaml::from_value(as_v1beta1(value)).map(Manifest::ServiceImport)
-            }
-            _ => {
-                errors.push(error(
-                    name,
-                    format!("unsupported kind {kind:?} of apiVersion {api_version:?}"),
-                ));
-                continue;
-            }
-        };
-        match parsed {
-            Ok(m) => objects.push(m),
-            Err(e) => errors.push(error(name, format!("invalid {kind}: {e}"))),
+    for document in Documents::new(text, file) {
+        match document {
+            Ok((_, m)) => objects.push(m),
+            Err(e) => errors.push(e),
         }
     }
     (objects, errors)
@@ -217,6 +305,40 @@ metadata: {namespace: demo}
                 .to_string()
                 .starts_with("c1/web.yaml (document 2)")
         );
+    }
+
+    #[test]
+    fn documents_come_one_at_a_time_with_their_index() {
+        let text = "---\napiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: ns}\n---\n---\nkind: Nope\nmetadata: {name: b}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: c, namespace: ns}\n";
+        let mut documents = Documents::new(text, Path::new("f.yaml"));
+        let first = documents.next().expect("a").expect("usable");
+        assert_eq!(
+            (first.0, first.1.describe()),
+            (0, "Service ns/a".to_owned())
+        );
+        // The empty document 1 is skipped; 2 is an error; 3 is still read.
+        let error = documents.next().expect("b").expect_err("unusable");
+        assert_eq!(error.document, 2);
+        let third = documents.next().expect("c").expect("usable");
+        assert_eq!(
+            (third.0, third.1.describe()),
+            (3, "Service ns/c".to_owned())
+        );
+        assert!(documents.next().is_none());
+        assert!(!documents.syntax_error());
+    }
+
+    #[test]
+    fn a_syntax_error_ends_the_stream_after_the_good_documents() {
+        let text = "apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: ns}\n---\nmetadata: {name: [\n---\napiVersion: v1\nkind: Service\nmetadata: {name: c, namespace: ns}\n";
+        let mut documents = Documents::new(text, Path::new("f.yaml"));
+        assert!(documents.next().expect("a").is_ok());
+        assert!(!documents.syntax_error());
+        let error = documents.next().expect("b").expect_err("broken");
+        assert_eq!(error.document, 1);
+        assert!(error.message.starts_with("malformed YAML"), "{error}");
+        assert!(documents.next().is_none(), "nothing after a syntax error");
+        assert!(documents.syntax_error());
     }
 
     #[test]

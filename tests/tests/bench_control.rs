@@ -45,4 +45,14 @@ fn control_bench_measures_real_maps_and_the_agent() {
     assert_eq!(event.latency.samples, 20);
     let rss = &report.rss[0];
     assert!(rss.rss_mib > 1.0 && rss.peak_mib >= rss.rss_mib);
+    // Both file-fed agents reached every service's frontend (checked inside) and were measured.
+    let modes: Vec<_> = report.files.iter().map(|f| f.mode).collect();
+    assert_eq!(modes, ["node --from-dir", "run --clusterset-dir"]);
+    for f in &report.files {
+        assert_eq!(f.rss.shape, shape);
+        assert!(
+            f.rss.rss_mib > 1.0 && f.rss.peak_mib >= f.rss.rss_mib,
+            "{f:?}"
+        );
+    }
 }

@@ -1,13 +1,15 @@
 //! Standalone mode end to end (root only): the agent merges a three-cluster directory
 //! (`examples/clusterset`, copied) and routes it; real clients check which cluster answers
-//! each port and family, and an edit to a fixture file reroutes traffic within 2 s.
+//! each port and family, and an edit to a fixture file reroutes traffic within 2 s. A member
+//! file of its own is followed through the maps and the report: edited, half written, removed.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
+use dataplane_agent::bpf::inspect::Inspection;
 use tests::{
     agent::Agent,
     clusterset,
@@ -69,18 +71,10 @@ fn conflict_reason(report: &Path, cluster: &str, name: &str) -> Option<String> {
         .and_then(|c| c["reason"].as_str().map(str::to_owned))
 }
 
-#[test]
-fn standalone_routes_each_port_and_family_and_follows_edits() {
-    require_root!();
-    let ids = clusterset::cluster_ids(Path::new(EXAMPLE)).unwrap();
-    assert_eq!(ids, ["cluster-a", "cluster-b", "cluster-c"]);
-    let mut topo = Topology::new(&["cluster-a", "cluster-b", "cluster-c"]).unwrap();
-    let dir: PathBuf = topo.dir.join("clusterset");
-    copy_dir(Path::new(EXAMPLE), &dir);
-    clusterset::start_backends(&mut topo, &dir).unwrap();
-    let report = topo.dir.join("report.yaml");
-    let mut agent = Agent::start(
-        &topo,
+/// Starts `run --clusterset-dir dir` importing into cluster-a, writing `report`.
+fn start_standalone(topo: &Topology, dir: &Path, report: &Path) -> Agent {
+    Agent::start(
+        topo,
         &[
             "run",
             "--clusterset-dir",
@@ -91,13 +85,28 @@ fn standalone_routes_each_port_and_family_and_follows_edits() {
             report.to_str().unwrap(),
         ],
     )
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn standalone_routes_each_port_and_family_and_follows_edits() {
+    require_root!();
+    let ids = clusterset::cluster_ids(Path::new(EXAMPLE)).unwrap();
+    assert_eq!(ids, ["cluster-a", "cluster-b", "cluster-c"]);
+    let mut topo = Topology::new(&["cluster-a", "cluster-b", "cluster-c"]).unwrap();
+    let dir: PathBuf = topo.dir.join("clusterset");
+    copy_dir(Path::new(EXAMPLE), &dir);
+    clusterset::start_backends(&mut topo, &dir).unwrap();
+    let report = topo.dir.join("report.yaml");
+    let mut agent = start_standalone(&topo, &dir, &report);
     // web: 3 ports x 2 families + 2 wildcards; dns: 1 + 1; api: 1 + 1.
     agent
         .wait_for("every frontend", Duration::from_secs(30), |i| {
             i.frontends.len() == 12
         })
         .unwrap();
+    // The report is written after the maps.
+    wait_for_report(&agent, "the first merge", || report.exists());
 
     assert_eq!(
         conflict_reason(&report, "cluster-b", "web").as_deref(),
@@ -203,5 +212,180 @@ fn standalone_routes_each_port_and_family_and_follows_edits() {
     assert_eq!(
         answered(&probe(&topo, "tcp", format!("{v6}:9100"))),
         set(&["cluster-a"])
+    );
+}
+
+/// Each frontend of `inspection` (`namespace/name ip:port/protocol`) with its backends.
+fn table(i: &Inspection) -> BTreeMap<String, Vec<String>> {
+    i.frontends
+        .iter()
+        .map(|f| {
+            (
+                format!(
+                    "{}/{} {}:{}/{}",
+                    f.namespace, f.name, f.ip, f.port, f.protocol
+                ),
+                f.backends
+                    .iter()
+                    .map(|b| format!("{} {}:{}", b.cluster, b.ip, b.port))
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+/// The table without `demo/<name>`'s frontends.
+fn others(table: &BTreeMap<String, Vec<String>>, name: &str) -> BTreeMap<String, Vec<String>> {
+    let own = format!("demo/{name} ");
+    table
+        .iter()
+        .filter(|(k, _)| !k.starts_with(&own))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// The report's diagnostics that name `file`, as text.
+fn diagnostics_of(report: &Path, file: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(report).unwrap_or_default();
+    let doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap_or_default();
+    let file = file.display().to_string();
+    doc["diagnostics"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter(|d| d["file"].as_str().is_some_and(|f| f.starts_with(&file)))
+        .map(|d| format!("{:?}", d))
+        .collect()
+}
+
+/// Waits (bounded) until `pred` holds for what the report says.
+fn wait_for_report(agent: &Agent, what: &str, pred: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if pred() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the report never showed {what}; agent log:\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+const CACHE: &str = "\
+apiVersion: v1
+kind: Service
+metadata: {name: cache, namespace: demo}
+spec:
+  ipFamilies: [IPv4]
+  ports: [{name: redis, protocol: TCP, port: 6379, targetPort: 6379}]
+---
+apiVersion: multicluster.x-k8s.io/v1beta1
+kind: ServiceExport
+metadata: {name: cache, namespace: demo, creationTimestamp: \"2026-02-01T00:00:00Z\"}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: cache-ipv4
+  namespace: demo
+  labels: {kubernetes.io/service-name: cache}
+addressType: IPv4
+ports: [{name: redis, protocol: TCP, port: 6379}]
+endpoints:
+- addresses: [10.99.2.30]
+";
+
+/// Writes `text` to `path` through a temporary file in the same directory.
+fn replace(path: &Path, text: &str) {
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp",
+        path.file_name().unwrap().to_string_lossy()
+    ));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A member file of its own (`cluster-b/cache.yaml`, one service) followed through the maps
+/// and the report: an edit changes that service's frontends only, a half-written version keeps
+/// the last good one and is reported with its file, and removing the file withdraws the service.
+#[test]
+fn standalone_follows_one_member_file_keeps_a_half_written_one_and_withdraws_a_removed_one() {
+    require_root!();
+    let topo = Topology::new(&["cluster-a", "cluster-b", "cluster-c"]).unwrap();
+    let dir: PathBuf = topo.dir.join("clusterset");
+    copy_dir(Path::new(EXAMPLE), &dir);
+    let cache = dir.join("cluster-b/cache.yaml");
+    std::fs::write(&cache, CACHE).unwrap();
+    let report = topo.dir.join("report.yaml");
+    let mut agent = start_standalone(&topo, &dir, &report);
+    let has_cache = |i: &Inspection| {
+        i.frontends.iter().any(|f| {
+            f.name == "cache" && f.port == 6379 && f.backends.iter().any(|b| b.ip == "10.99.2.30")
+        })
+    };
+    // The example's 12 frontends, and cache's port and wildcard.
+    let first = agent
+        .wait_for("every frontend", Duration::from_secs(30), |i| {
+            i.frontends.len() == 14 && has_cache(i)
+        })
+        .unwrap();
+    let first = table(&first);
+
+    // An edit to the file: cache's backend changes, every other frontend stays as it was.
+    replace(&cache, &CACHE.replace("10.99.2.30", "10.99.2.31"));
+    let edited = agent
+        .wait_for("cache's new backend", Duration::from_secs(30), |i| {
+            i.frontends.iter().any(|f| {
+                f.name == "cache"
+                    && f.port == 6379
+                    && f.backends.iter().any(|b| b.ip == "10.99.2.31")
+            })
+        })
+        .unwrap();
+    let edited = table(&edited);
+    assert_eq!(others(&edited, "cache"), others(&first, "cache"));
+    assert_eq!(edited.len(), first.len());
+
+    // Half written: the last good version stays in the maps, and the report names the file.
+    let good = CACHE.replace("10.99.2.30", "10.99.2.31");
+    replace(&cache, &format!("{}\n- [unclosed", &good[..good.len() / 2]));
+    wait_for_report(&agent, "the half-written file's error", || {
+        diagnostics_of(&report, &cache)
+            .iter()
+            .any(|d| d.contains("malformed YAML"))
+    });
+    assert_eq!(
+        table(&tests::agent::inspect(&topo.pin_dir).unwrap()),
+        edited
+    );
+    assert!(
+        agent.log_text().contains("malformed YAML"),
+        "the error is logged; agent log:\n{}",
+        agent.log_text()
+    );
+
+    // Fixed again, then removed: the error goes, then cache's frontends are withdrawn and the
+    // rest stays as it was.
+    replace(&cache, &good);
+    wait_for_report(&agent, "no error for the fixed file", || {
+        diagnostics_of(&report, &cache).is_empty()
+    });
+    std::fs::remove_file(&cache).unwrap();
+    let removed = agent
+        .wait_for("cache withdrawn", Duration::from_secs(30), |i| {
+            !i.frontends.iter().any(|f| f.name == "cache")
+        })
+        .unwrap();
+    assert_eq!(table(&removed), others(&first, "cache"));
+    wait_for_report(&agent, "cache's import gone", || {
+        vips(&report, "cache").is_empty()
+    });
+    assert!(
+        agent.running(),
+        "the agent survived; log:\n{}",
+        agent.log_text()
     );
 }

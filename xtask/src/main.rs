@@ -68,7 +68,7 @@ enum Task {
         /// Skip `setup` (for machines that are already set up).
         #[arg(long)]
         no_setup: bool,
-        /// More arguments for `mcs-bench` (e.g. `--only datapath`, `--only dns`,
+        /// More arguments for `mcs-bench` (e.g. `--only datapath`, `--only dns`, `--only files`,
         /// `--services 1,1000`, `--dns-imports 1000,10000`, `--modes socket-lb,direct`,
         /// `--seconds 3`).
         #[arg(last = true)]

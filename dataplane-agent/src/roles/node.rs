@@ -3,8 +3,9 @@
 //! standalone merge).
 //!
 //! Sources send [`Change`]s on the input feed ([`crate::source::feed`]): an API server's watch
-//! events one object at a time, a directory or a merge as whole snapshots. The node files them in its [`InputIndex`] (the
-//! one store of its inputs, shared `Arc`s), rebuilds the lb table of the services they touched
+//! events one object at a time, a directory or a merge as one snapshot and then object by
+//! object. The node files them in its [`InputIndex`] (the one store of its inputs, shared
+//! `Arc`s), rebuilds the lb table of the services they touched
 //! ([`LbState::update`]) and writes only those services to the maps
 //! ([`MapSync::sync_services`]), so an event costs the size of the service it changes, not of
 //! the table. Nothing is written before the index has complete lists of both kinds (nothing is

@@ -1,19 +1,21 @@
 //! Standalone mode (`run --clusterset-dir DIR`): the whole product on one host, no API server.
 //!
-//! One loop owns the three parts: the source merges the member clusters' manifests from
-//! `DIR/<cluster-id>/` ([`clusterset_dir::merge`]), this host's node applies the importing
-//! cluster's imports and slices as one [`Change`](crate::source::feed::Change), and the sink
-//! writes the imports, the export conditions and every diagnostic to the report file (with
-//! the lb warnings of the table the node built, so the table is built once). It does it again
-//! whenever DIR changes, and keeps the last good state when DIR cannot be merged.
+//! One loop owns the three parts: the source keeps the member clusters' manifests of
+//! `DIR/<cluster-id>/` merged file by file ([`ClusterSetMerge`]), this host's node applies the
+//! changes of the importing cluster's imports and slices, and the sink rewrites the report
+//! (the imports, the export conditions and every diagnostic, with the lb warnings of the
+//! table the node built) from the merge, at most every [`REPORT_EVERY`]. A change to a file
+//! re-reads that file and re-merges the services it touched; a batch that cannot be used keeps
+//! the last good state.
 
-use std::path::{Path, PathBuf};
+use std::{collections::BTreeSet, path::PathBuf, time::Duration};
 
 use dataplane_core::{
     merge::conditions::{ConditionStatus, ConditionType},
-    model::{ClusterId, records::ImportRecord},
-    plan::Merged,
+    model::ClusterId,
+    plan::Diagnostic,
 };
+use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use super::{
@@ -24,11 +26,12 @@ use crate::{
     bpf::loader::LoaderConfig,
     dns::DnsOptions,
     sink::report::write_atomically,
-    source::{
-        clusterset_dir::{self, PlanError},
-        watch::DirWatcher,
-    },
+    source::{clusterset_dir::PlanError, clusterset_merge::ClusterSetMerge, watch::DirWatcher},
 };
+
+/// The shortest time between two writes of the report: changes in between are written
+/// together.
+pub const REPORT_EVERY: Duration = Duration::from_millis(250);
 
 /// Why standalone mode cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +59,7 @@ pub struct Standalone {
 /// kernel is touched; later failures keep the last good state. The dataplane stays in place
 /// afterwards.
 pub async fn run(settings: Standalone, loader: &LoaderConfig) -> Result<(), StandaloneError> {
-    let first = clusterset_dir::merge(&settings.dir, settings.cluster.as_ref(), None)?;
+    let (mut merge, first) = ClusterSetMerge::start(&settings.dir, settings.cluster.as_ref())?;
     let (mut node, _dns) = Node::start_with_dns(loader, &settings.dns)?;
     if let Some(logger) = node.take_logger() {
         tokio::spawn(node::pump_bpf_logs(logger));
@@ -70,77 +73,111 @@ pub async fn run(settings: Standalone, loader: &LoaderConfig) -> Result<(), Stan
     };
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
-    let mut merged = Ok(first);
-    let mut previous: Option<Vec<ImportRecord>> = None;
+    node.apply([first]);
+    let mut report = Report::new(settings.report.clone());
+    report.write(&merge, &node);
     loop {
-        match merged {
-            Ok(m) => {
-                apply(&mut node, &m, settings.report.as_deref());
-                previous = Some(m.merge.service_imports);
-            }
-            // Keep routing the last good merge: a broken clusterset.yaml must not empty the maps.
-            Err(e) => {
-                error!(dir = %settings.dir.display(), "cannot merge: {e}; keeping the last good state")
-            }
-        }
         let changed = async {
             match watcher.as_mut() {
                 Some(w) => w.changed().await,
                 None => std::future::pending().await,
             }
         };
+        let due = report.due();
         tokio::select! {
-            got = changed => if got.is_none() {
-                warn!("the directory watcher stopped; keeping the dataplane as it is");
-                shutdown.as_mut().await;
-                return Ok(());
-            },
+            got = changed => {
+                let Some(changes) = got else {
+                    warn!("the directory watcher stopped; keeping the dataplane as it is");
+                    shutdown.as_mut().await;
+                    return Ok(());
+                };
+                match merge.update(&changes) {
+                    Ok(update) => {
+                        if !update.changes.is_empty() {
+                            node.apply(update.changes);
+                        }
+                        report.pending = true;
+                    }
+                    // Keep routing the last good merge: a broken clusterset.yaml must not
+                    // empty the maps.
+                    Err(e) => error!(dir = %settings.dir.display(), "cannot merge: {e}; keeping the last good state"),
+                }
+            }
+            () = tokio::time::sleep_until(due), if report.pending => report.write(&merge, &node),
             () = &mut shutdown => {
                 info!("shutting down; the dataplane stays in place");
                 return Ok(());
             }
         }
-        merged = clusterset_dir::merge(
-            &settings.dir,
-            settings.cluster.as_ref(),
-            previous.as_deref(),
-        );
     }
 }
 
-/// Hands one merge to the node and writes the report.
-fn apply(node: &mut Node, merged: &Merged, report: Option<&Path>) {
-    node.apply([merged.change()]);
-    let lb_warnings = node.lb_warnings();
-    for d in merged.diagnostics(lb_warnings) {
-        warn!(
-            file = d.file.as_deref().unwrap_or(""),
-            cluster = d.cluster.as_deref().unwrap_or(""),
-            object = d.object.as_deref().unwrap_or(""),
-            "{}",
-            d.message
-        );
+/// The report file and what was last logged, written at most every [`REPORT_EVERY`].
+struct Report {
+    path: Option<PathBuf>,
+    written: Option<Instant>,
+    /// Changes came in since the last write.
+    pending: bool,
+    /// The diagnostics logged so far: only new ones are logged again.
+    logged: BTreeSet<Diagnostic>,
+}
+
+impl Report {
+    fn new(path: Option<PathBuf>) -> Report {
+        Report {
+            path,
+            written: None,
+            pending: false,
+            logged: BTreeSet::new(),
+        }
     }
-    let conflicts = merged
-        .merge
-        .export_statuses
-        .iter()
-        .filter(|e| {
-            e.conditions
-                .iter()
-                .any(|c| c.type_ == ConditionType::Conflict && c.status == ConditionStatus::True)
-        })
-        .count();
-    info!(
-        cluster = %merged.cluster,
-        imports = merged.merge.service_imports.len(),
-        slices = merged.merge.endpoint_slices.len(),
-        exports_in_conflict = conflicts,
-        "merged the clusterset"
-    );
-    if let Some(report) = report
-        && let Err(e) = write_atomically(report, &merged.report_yaml(lb_warnings))
-    {
-        error!(report = %report.display(), error = %e, "cannot write the report");
+
+    /// When the next write may happen.
+    fn due(&self) -> Instant {
+        self.written
+            .map(|at| at + REPORT_EVERY)
+            .unwrap_or_else(Instant::now)
+    }
+
+    /// Logs what is new and writes the report of the current merge.
+    fn write(&mut self, merge: &ClusterSetMerge, node: &Node) {
+        self.pending = false;
+        self.written = Some(Instant::now());
+        let merged = merge.merged();
+        let lb_warnings = node.lb_warnings();
+        let diagnostics: BTreeSet<Diagnostic> =
+            merged.diagnostics(lb_warnings).into_iter().collect();
+        for d in diagnostics.difference(&self.logged) {
+            warn!(
+                file = d.file.as_deref().unwrap_or(""),
+                cluster = d.cluster.as_deref().unwrap_or(""),
+                object = d.object.as_deref().unwrap_or(""),
+                "{}",
+                d.message
+            );
+        }
+        self.logged = diagnostics;
+        let conflicts = merged
+            .merge
+            .export_statuses
+            .iter()
+            .filter(|e| {
+                e.conditions.iter().any(|c| {
+                    c.type_ == ConditionType::Conflict && c.status == ConditionStatus::True
+                })
+            })
+            .count();
+        info!(
+            cluster = %merged.cluster,
+            imports = merged.merge.service_imports.len(),
+            slices = merged.merge.endpoint_slices.len(),
+            exports_in_conflict = conflicts,
+            "merged the clusterset"
+        );
+        if let Some(path) = &self.path
+            && let Err(e) = write_atomically(path, &merged.report_yaml(lb_warnings))
+        {
+            error!(report = %path.display(), error = %e, "cannot write the report");
+        }
     }
 }

@@ -29,12 +29,10 @@ use std::{
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::Deserialize;
 
-use super::manifests::{Manifest, ManifestError, parse_documents, yaml_files};
+use super::{clusterset_files::ClusterSetFiles, manifests::ManifestError};
 use dataplane_core::{
     merge::{self, ClusterSetCidrs, ClusterSetConfig, ClusterSnapshot, IpFamilyPolicy},
-    model::{
-        ClusterId, Interner, InvalidClusterId, IpFamily, NamespacedName, records::ImportRecord,
-    },
+    model::{ClusterId, InvalidClusterId, IpFamily, records::ImportRecord},
     plan::{Merged, Plan},
 };
 
@@ -201,29 +199,25 @@ impl ClusterSetDir {
     }
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ClusterSetDirError + '_ {
+pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ClusterSetDirError + '_ {
     move |source| ClusterSetDirError::Io {
         path: path.to_owned(),
         source,
     }
 }
 
-/// Reads a ClusterSet directory. The result does not depend on the order in which the file
-/// system lists files.
-///
-/// ```no_run
-/// let dir = dataplane_agent::source::clusterset_dir::read("clusterset".as_ref())?;
-/// for e in &dir.errors { eprintln!("{e}"); }
-/// # Ok::<(), dataplane_agent::source::clusterset_dir::ClusterSetDirError>(())
-/// ```
-pub fn read(dir: &Path) -> Result<ClusterSetDir, ClusterSetDirError> {
+/// `DIR/clusterset.yaml`, or the default configuration when there is none.
+pub(crate) fn read_config(dir: &Path) -> Result<ClusterSetConfig, ClusterSetDirError> {
     let config_path = dir.join(CONFIG_FILE);
-    let config = if config_path.is_file() {
-        let text = std::fs::read_to_string(&config_path).map_err(io(&config_path))?;
-        parse_config(&text, &config_path)?
-    } else {
-        ClusterSetConfig::default()
-    };
+    if !config_path.is_file() {
+        return Ok(ClusterSetConfig::default());
+    }
+    let text = std::fs::read_to_string(&config_path).map_err(io(&config_path))?;
+    parse_config(&text, &config_path)
+}
+
+/// The cluster directories of `dir` (every sub-directory not starting with `.`), sorted.
+pub(crate) fn cluster_dirs(dir: &Path) -> Result<Vec<(ClusterId, PathBuf)>, ClusterSetDirError> {
     let mut cluster_dirs = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io(dir))? {
         let path = entry.map_err(io(dir))?.path();
@@ -245,61 +239,30 @@ pub fn read(dir: &Path) -> Result<ClusterSetDir, ClusterSetDirError> {
         cluster_dirs.push((cluster, path));
     }
     cluster_dirs.sort();
+    Ok(cluster_dirs)
+}
 
-    let mut out = ClusterSetDir {
-        config,
-        snapshots: Vec::new(),
-        imports: BTreeMap::new(),
-        errors: Vec::new(),
-        sources: BTreeMap::new(),
-    };
-    for (cluster, path) in cluster_dirs {
-        let mut snap = ClusterSnapshot::empty(cluster.clone());
-        let mut imports = Vec::new();
-        let names = Interner::new();
-        for file in yaml_files(&path).map_err(io(&path))? {
-            let text = match std::fs::read_to_string(&file) {
-                Ok(t) => t,
-                Err(e) => {
-                    out.errors.push(ManifestError {
-                        file: file.clone(),
-                        document: 0,
-                        object: None,
-                        message: format!("cannot read: {e}"),
-                    });
-                    continue;
-                }
-            };
-            let (objects, errors) = parse_documents(&text, &file);
-            out.errors.extend(errors);
-            for m in objects {
-                let (kind, meta) = match &m {
-                    Manifest::Service(o) => ("Service", &o.metadata),
-                    Manifest::ServiceExport(o) => ("ServiceExport", &o.metadata),
-                    Manifest::ServiceImport(o) => ("ServiceImport", &o.metadata),
-                    Manifest::EndpointSlice(o) => ("EndpointSlice", &o.metadata),
-                };
-                let key = (
-                    cluster.clone(),
-                    format!("{kind} {}", NamespacedName::of(meta)),
-                );
-                let source = out.sources.entry(key).or_insert_with(|| file.clone());
-                if file < *source {
-                    *source = file.clone();
-                }
-                if let Some(si) = snap.add_manifest(m, &names) {
-                    imports.extend(ImportRecord::from_k8s(&si, &names, true).record);
-                }
-            }
-        }
-        out.snapshots.push(snap);
-        if !imports.is_empty() {
-            out.imports.insert(cluster, imports);
-        }
-    }
-    out.errors
-        .sort_by(|a, b| (&a.file, a.document, &a.message).cmp(&(&b.file, b.document, &b.message)));
-    Ok(out)
+/// Reads a ClusterSet directory. The result does not depend on the order in which the file
+/// system lists files.
+///
+/// ```no_run
+/// let dir = dataplane_agent::source::clusterset_dir::read("clusterset".as_ref())?;
+/// for e in &dir.errors { eprintln!("{e}"); }
+/// # Ok::<(), dataplane_agent::source::clusterset_dir::ClusterSetDirError>(())
+/// ```
+pub fn read(dir: &Path) -> Result<ClusterSetDir, ClusterSetDirError> {
+    let files = ClusterSetFiles::load(dir)?;
+    Ok(ClusterSetDir {
+        config: files.config().clone(),
+        snapshots: files.snapshots(),
+        imports: files
+            .cluster_ids()
+            .map(|c| (c.clone(), files.imports(c)))
+            .filter(|(_, imports)| !imports.is_empty())
+            .collect(),
+        errors: files.errors(),
+        sources: files.sources(),
+    })
 }
 
 #[cfg(test)]
@@ -377,24 +340,7 @@ pub fn merge(
     current_imports: Option<&[ImportRecord]>,
 ) -> Result<Merged, PlanError> {
     let read = read(dir)?;
-    let cluster = match cluster {
-        Some(c) => {
-            if !read.cluster_ids().contains(&c) && !read.config.clusters.contains_key(c) {
-                return Err(PlanError::UnknownCluster {
-                    cluster: c.clone(),
-                    dir: dir.to_owned(),
-                });
-            }
-            c.clone()
-        }
-        None => read
-            .cluster_ids()
-            .first()
-            .map(|c| (*c).clone())
-            .ok_or_else(|| PlanError::NoClusters {
-                dir: dir.to_owned(),
-            })?,
-    };
+    let cluster = importing_cluster(dir, read.cluster_ids(), &read.config, cluster)?;
     let existing = current_imports
         .unwrap_or_else(|| read.imports.get(&cluster).map(Vec::as_slice).unwrap_or(&[]));
     let merge = merge::merge(&read.snapshots, &read.config, &cluster, existing);
@@ -404,4 +350,25 @@ pub fn merge(
         manifest_errors: read.errors,
         sources: read.sources,
     })
+}
+
+/// The importing cluster: `cluster`, which must be a cluster directory or listed in the
+/// configuration, or by default the first cluster id in sorted order.
+pub(crate) fn importing_cluster<'a>(
+    dir: &Path,
+    cluster_ids: impl IntoIterator<Item = &'a ClusterId>,
+    config: &ClusterSetConfig,
+    cluster: Option<&ClusterId>,
+) -> Result<ClusterId, PlanError> {
+    let mut ids = cluster_ids.into_iter();
+    match cluster {
+        Some(c) if ids.any(|id| id == c) || config.clusters.contains_key(c) => Ok(c.clone()),
+        Some(c) => Err(PlanError::UnknownCluster {
+            cluster: c.clone(),
+            dir: dir.to_owned(),
+        }),
+        None => ids.next().cloned().ok_or_else(|| PlanError::NoClusters {
+            dir: dir.to_owned(),
+        }),
+    }
 }

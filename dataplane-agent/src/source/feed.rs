@@ -1,8 +1,10 @@
 //! The node's one input feed. Every source turns what it reads into [`Change`]s: the API
 //! server's watch events one object at a time ([`super::kube::watch_node_inputs`]), a node
-//! directory as whole snapshots ([`super::node_dir::watch`]), and standalone mode's merge of a
-//! ClusterSet directory ([`super::clusterset_dir::Merged::change`]). The node role files them
-//! in its input index and updates only the services they touch.
+//! directory as one snapshot and then the objects of each changed file
+//! ([`super::node_dir::watch`]), and standalone mode's merge of a ClusterSet directory, as one
+//! snapshot and then the imports and slices of the services whose merge changed
+//! ([`super::clusterset_merge::ClusterSetMerge`]). The node role files them in its input index
+//! and updates only the services they touch.
 
 use tokio::sync::mpsc;
 

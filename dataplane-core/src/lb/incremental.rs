@@ -70,7 +70,7 @@ fn unique_import<'a>(
     }
     warnings.push(LbWarning {
         object: format!("ServiceImport {}", first.service),
-        message: "defined more than once; one definition is used".into(),
+        message: crate::merge::DUPLICATE.into(),
     });
     let json = |r: &ImportRecord| serde_json::to_string(&r.to_k8s()).unwrap_or_default();
     std::iter::once(first).chain(rest).min_by_key(|r| json(r))

@@ -116,7 +116,7 @@ pub(crate) fn index_clusters<'a>(
         let dup = |kind: &str, id: &NamespacedName| Diagnostic {
             cluster: Some(snap.cluster.clone()),
             object: format!("{kind} {id}"),
-            message: "defined more than once; one definition is used".into(),
+            message: super::DUPLICATE.into(),
         };
         for svc in &snap.services {
             match objs.services.get_mut(&svc.id) {

@@ -224,6 +224,10 @@ pub struct ServiceRouting {
     pub families: BTreeMap<IpFamily, Vec<ClusterId>>,
 }
 
+/// The message of a [`Diagnostic`] (and of the lb table's warning) about an object defined
+/// more than once: the smallest definition is used, whatever the order of the input.
+pub const DUPLICATE: &str = "defined more than once; one definition is used";
+
 /// Something in the input that was skipped or repaired, naming the object.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct Diagnostic {

@@ -93,6 +93,16 @@ pub struct Rss {
     pub startup_secs: f64,
 }
 
+/// An agent fed from files: `node --from-dir` over the merge's imports and imported slices,
+/// or standalone `run --clusterset-dir` over the members' manifests.
+#[derive(Clone, Debug, Serialize)]
+pub struct FilesRss {
+    /// `node --from-dir` or `run --clusterset-dir`.
+    pub mode: &'static str,
+    #[serde(flatten)]
+    pub rss: Rss,
+}
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ControlReport {
     pub merge: Option<MergeTiming>,
@@ -100,6 +110,16 @@ pub struct ControlReport {
     pub map_change: Vec<MapChange>,
     pub event_to_map: Option<EventToMap>,
     pub rss: Vec<Rss>,
+    pub files: Vec<FilesRss>,
+}
+
+/// Only the agents fed from files (`mcs-bench --only files`).
+pub fn run_files(opts: &ControlOptions) -> anyhow::Result<ControlReport> {
+    eprintln!("bench: agents fed from files, {}", opts.shape);
+    Ok(ControlReport {
+        files: files_rss(opts.shape, &plan_for(opts.shape))?,
+        ..ControlReport::default()
+    })
 }
 
 /// Runs every control-plane measurement.
@@ -128,6 +148,8 @@ pub fn run(opts: &ControlOptions) -> anyhow::Result<ControlReport> {
         let (event, rss) = event_to_map(opts.shape, &plan, opts.event_changes)?;
         report.event_to_map = Some(event);
         report.rss.push(rss);
+        eprintln!("bench: agents fed from files, {}", opts.shape);
+        report.files = files_rss(opts.shape, &plan)?;
         drop(plan);
         for &shape in opts.rss_shapes.iter().filter(|s| **s != opts.shape) {
             eprintln!("bench: agent memory, {shape}");
@@ -316,6 +338,112 @@ fn first_frontends(plan: &MergeOutput) -> BTreeMap<NamespacedName, FeAddr> {
     out
 }
 
+/// The agent's map capacities for `plan` (see [`loader_for`]), with the eBPF log off.
+fn capacity_args(topo: &Topology, plan: &MergeOutput) -> Vec<String> {
+    let table = lb::build_records(&plan.service_imports, &plan.endpoint_slices);
+    let caps = loader_for(topo, table.frontends.len(), backend_count(&table));
+    [
+        ("--max-frontends", caps.max_frontends),
+        ("--max-backends", caps.max_backends),
+        ("--max-slots", caps.max_slots),
+        ("--bpf-log-level", 0),
+    ]
+    .into_iter()
+    .flat_map(|(flag, v)| [flag.to_owned(), v.to_string()])
+    .collect()
+}
+
+/// Objects as one YAML stream, one document each.
+fn yaml_stream<T: Serialize>(objects: impl IntoIterator<Item = T>) -> anyhow::Result<String> {
+    let mut out = String::new();
+    for o in objects {
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&o)?);
+    }
+    Ok(out)
+}
+
+/// Runs the agent with `args` (and the map capacities for `plan`) until the maps hold every
+/// service's first frontend; its memory and time to that point.
+fn file_agent(
+    shape: Shape,
+    plan: &MergeOutput,
+    topo: &Topology,
+    args: &[&str],
+) -> anyhow::Result<Rss> {
+    let caps = capacity_args(topo, plan);
+    let mut args = args.to_vec();
+    args.extend(caps.iter().map(String::as_str));
+    let frontends = first_frontends(plan);
+    let last = *frontends.values().last().context("no services")?;
+    let started = Instant::now();
+    let mut agent = Agent::start_with_env(topo, &args, &[("RUST_LOG", "warn")])?;
+    let maps = wait_for_maps(&mut agent, &topo.pin_dir, &last, Duration::from_secs(600))?;
+    let startup_secs = started.elapsed().as_secs_f64();
+    for fe in frontends.values() {
+        if maps.frontend(&fe.key())?.is_none() {
+            bail!("{fe:?} is missing once the last service is in the maps");
+        }
+    }
+    // Let the startup garbage settle before reading memory.
+    std::thread::sleep(Duration::from_secs(2));
+    let (rss_mib, peak_mib) = memory_of(agent.pid().context("agent exited")?)?;
+    Ok(Rss {
+        shape,
+        rss_mib,
+        peak_mib,
+        startup_secs,
+    })
+}
+
+/// `node --from-dir` over the plan's imports and imported slices (one file), and standalone
+/// `run --clusterset-dir` over the members' manifests (one file per cluster).
+fn files_rss(shape: Shape, plan: &MergeOutput) -> anyhow::Result<Vec<FilesRss>> {
+    let mut out = Vec::new();
+    {
+        let topo = Topology::new(&[])?;
+        let dir = topo.dir.join("node");
+        std::fs::create_dir_all(&dir)?;
+        let imports = yaml_stream(plan.service_imports.iter().map(|i| i.to_k8s()))?;
+        let slices = yaml_stream(plan.endpoint_slices.iter().map(|s| s.to_k8s()))?;
+        std::fs::write(dir.join("imports.yaml"), imports + &slices)?;
+        let rss = file_agent(shape, plan, &topo, &["node", "--from-dir", path_str(&dir)?])?;
+        out.push(FilesRss {
+            mode: "node --from-dir",
+            rss,
+        });
+    }
+    let topo = Topology::new(&[])?;
+    let dir = topo.dir.join("clusterset");
+    for c in 0..shape.clusters {
+        let member = dir.join(synthetic::cluster_id(c).as_str());
+        std::fs::create_dir_all(&member)?;
+        let objects = synthetic::member_objects(shape, c);
+        let text = yaml_stream(&objects.services)?
+            + &yaml_stream(&objects.service_exports)?
+            + &yaml_stream(&objects.endpoint_slices)?;
+        std::fs::write(member.join("services.yaml"), text)?;
+    }
+    let cluster = importing();
+    let rss = file_agent(
+        shape,
+        plan,
+        &topo,
+        &[
+            "run",
+            "--clusterset-dir",
+            path_str(&dir)?,
+            "--cluster",
+            cluster.as_str(),
+        ],
+    )?;
+    out.push(FilesRss {
+        mode: "run --clusterset-dir",
+        rss,
+    });
+    Ok(out)
+}
+
 /// Seeds a fake API server with the plan's ServiceImports and imported EndpointSlices, runs
 /// a node-role agent against it until its maps hold every service, reads its memory, then
 /// times `changes` EndpointSlice edits from the API write to the map write.
@@ -351,17 +479,9 @@ fn event_to_map(
             importing()
         ),
     )?;
-    let table = lb::build_records(&plan.service_imports, &plan.endpoint_slices);
-    let caps = loader_for(&topo, table.frontends.len(), backend_count(&table));
-    drop(table);
-    let arg = |v: u32| v.to_string();
-    let (fe, be, slots) = (
-        arg(caps.max_frontends),
-        arg(caps.max_backends),
-        arg(caps.max_slots),
-    );
     let metrics = format!("127.0.0.1:{}", free_port()?);
-    let args = [
+    let caps = capacity_args(&topo, plan);
+    let mut args = vec![
         "run",
         "--config",
         path_str(&config)?,
@@ -371,15 +491,8 @@ fn event_to_map(
         "bench",
         "--metrics-address",
         &metrics,
-        "--max-frontends",
-        &fe,
-        "--max-backends",
-        &be,
-        "--max-slots",
-        &slots,
-        "--bpf-log-level",
-        "0",
     ];
+    args.extend(caps.iter().map(String::as_str));
     let started = Instant::now();
     let mut agent = Agent::start_with_env(
         &topo,

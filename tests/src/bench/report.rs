@@ -364,5 +364,13 @@ fn control_tables(out: &mut String, cp: &ControlReport) {
             r.shape, r.rss_mib, r.peak_mib, r.startup_secs
         );
     }
+    for f in &cp.files {
+        let r = &f.rss;
+        let _ = writeln!(
+            out,
+            "| agent RSS (`{}`), {} | {:.0} MiB (peak {:.0} MiB; in sync after {:.1} s) |",
+            f.mode, r.shape, r.rss_mib, r.peak_mib, r.startup_secs
+        );
+    }
     out.push('\n');
 }

@@ -31,8 +31,9 @@ struct Args {
     /// Output directory.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
-    /// Run only the datapath, the control-plane or the DNS part.
-    #[arg(long, value_parser = ["datapath", "control", "dns"])]
+    /// Run only the datapath, the control-plane or the DNS part, or of the control plane only
+    /// the agents fed from files (`node --from-dir`, `run --clusterset-dir`).
+    #[arg(long, value_parser = ["datapath", "control", "dns", "files"])]
     only: Option<String>,
     /// Import counts for the DNS part (comma-separated).
     #[arg(long, value_delimiter = ',')]
@@ -114,9 +115,12 @@ fn main() -> anyhow::Result<()> {
         false => None,
         true => Some(datapath::run(&datapath_opts).context("datapath benchmark")?),
     };
-    let control = match wanted("control") {
-        false => None,
-        true => Some(control::run(&control_opts).context("control-plane benchmark")?),
+    let control = match (wanted("control"), args.only.as_deref()) {
+        (true, _) => Some(control::run(&control_opts).context("control-plane benchmark")?),
+        (false, Some("files")) => {
+            Some(control::run_files(&control_opts).context("file-fed agents benchmark")?)
+        }
+        (false, _) => None,
     };
     let dns_opts = DnsBenchOptions {
         imports: args.dns_imports.clone().unwrap_or(if args.quick {

@@ -1,0 +1,380 @@
+//! The objects of one kind that the files of a directory define, kept file by file: what each
+//! file defines, every definition of each object, and which one is used.
+//!
+//! A directory source re-reads only the files that changed and replaces what those files
+//! define ([`FileObjects::replace`]); the objects whose used definition differs afterwards are
+//! what it reports ([`FileObjects::changes`]), so a change costs the size of the file, not of
+//! the directory.
+//!
+//! **Duplicates.** An object (namespace/name) defined more than once, in one file or in
+//! several, is used in one definition: the smallest by [`Rank`], the rule the merge and the lb
+//! table use for duplicates. It does not depend on file names or on the order of events, and
+//! [`FileObjects::duplicates`] names the files so the source can warn.
+
+use std::{
+    cmp::Ordering,
+    collections::{BTreeMap, btree_map::Entry},
+    path::Path,
+    sync::Arc,
+};
+
+use dataplane_core::{
+    lb::inputs::{ImportInput, SliceInput},
+    merge::DUPLICATE,
+    model::{
+        NamespacedName,
+        member::{ExportRecord, LocalSlice, ServiceRecord},
+        records::ImportRecord,
+    },
+};
+use foldhash::HashMap;
+
+/// The order that picks one of several definitions of an object: the smallest is used.
+pub trait Rank {
+    /// Compares two definitions of one object.
+    fn rank(&self, other: &Self) -> Ordering;
+}
+
+/// A file, shared by every definition it holds.
+pub type FileName = Arc<Path>;
+
+#[derive(Clone, Debug)]
+struct Definition<V> {
+    file: FileName,
+    document: usize,
+    value: V,
+}
+
+/// The used definition of every object an update touched, as it was before the update.
+#[derive(Debug)]
+pub struct Before<V>(BTreeMap<NamespacedName, Option<V>>);
+
+impl<V> Default for Before<V> {
+    fn default() -> Self {
+        Before(BTreeMap::new())
+    }
+}
+
+/// Objects of one kind by the file that defines them.
+#[derive(Clone, Debug)]
+pub struct FileObjects<V> {
+    /// What each file defines, in document order (an object defined twice in a file, twice).
+    files: BTreeMap<FileName, Vec<NamespacedName>>,
+    /// Every definition of each object, sorted by file and document.
+    definitions: HashMap<NamespacedName, Vec<Definition<V>>>,
+}
+
+impl<V> Default for FileObjects<V> {
+    fn default() -> Self {
+        FileObjects {
+            files: BTreeMap::new(),
+            definitions: HashMap::default(),
+        }
+    }
+}
+
+impl<V: Clone + PartialEq + Rank> FileObjects<V> {
+    /// The used definition of `id`.
+    pub fn get(&self, id: &NamespacedName) -> Option<&V> {
+        let definitions = self.definitions.get(id)?;
+        definitions
+            .iter()
+            .reduce(|a, b| match b.value.rank(&a.value) {
+                Ordering::Less => b,
+                _ => a,
+            })
+            .map(|d| &d.value)
+    }
+
+    /// Replaces what `file` defines with `objects` (document index, id, object); an empty list
+    /// forgets the file. `before` collects the used definitions the update replaces, for
+    /// [`FileObjects::changes`].
+    pub fn replace(
+        &mut self,
+        file: &FileName,
+        objects: Vec<(usize, NamespacedName, V)>,
+        before: &mut Before<V>,
+    ) {
+        let old = match self.files.entry(file.clone()) {
+            Entry::Occupied(e) if objects.is_empty() => e.remove(),
+            Entry::Occupied(mut e) => {
+                std::mem::replace(e.get_mut(), objects.iter().map(|o| o.1.clone()).collect())
+            }
+            Entry::Vacant(_) if objects.is_empty() => Vec::new(),
+            Entry::Vacant(e) => {
+                e.insert(objects.iter().map(|o| o.1.clone()).collect());
+                Vec::new()
+            }
+        };
+        for id in old.iter().chain(objects.iter().map(|o| &o.1)) {
+            if !before.0.contains_key(id) {
+                before.0.insert(id.clone(), self.get(id).cloned());
+            }
+        }
+        for id in &old {
+            if let Some(list) = self.definitions.get_mut(id) {
+                list.retain(|d| d.file != *file);
+                if list.is_empty() {
+                    self.definitions.remove(id);
+                }
+            }
+        }
+        for (document, id, value) in objects {
+            let list = self.definitions.entry(id).or_default();
+            let at = list.partition_point(|d| (&d.file, d.document) <= (file, document));
+            list.insert(
+                at,
+                Definition {
+                    file: file.clone(),
+                    document,
+                    value,
+                },
+            );
+        }
+    }
+
+    /// The objects whose used definition differs from the one in `before`, with the new one
+    /// (`None`: no file defines it any more), in id order.
+    pub fn changes(&self, before: Before<V>) -> Vec<(NamespacedName, Option<V>)> {
+        before
+            .0
+            .into_iter()
+            .filter_map(|(id, old)| {
+                let new = self.get(&id);
+                (new != old.as_ref()).then(|| (id.clone(), new.cloned()))
+            })
+            .collect()
+    }
+
+    /// Whether `file` defines anything.
+    pub fn defines(&self, file: &Path) -> bool {
+        self.files.contains_key(file)
+    }
+
+    /// The ids `file` defines, in document order.
+    pub fn ids_of(&self, file: &Path) -> &[NamespacedName] {
+        self.files.get(file).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// How many objects are defined.
+    pub fn len(&self) -> usize {
+        self.definitions.len()
+    }
+
+    /// Whether no object is defined.
+    pub fn is_empty(&self) -> bool {
+        self.definitions.is_empty()
+    }
+
+    /// Every object with its used definition, in no particular order.
+    pub fn used(&self) -> impl Iterator<Item = (&NamespacedName, &V)> {
+        self.definitions
+            .keys()
+            .filter_map(|id| Some((id, self.get(id)?)))
+    }
+
+    /// Every definition, duplicates included, by file (sorted) and document.
+    pub fn all(&self) -> impl Iterator<Item = (&FileName, &V)> {
+        self.definitions
+            .values()
+            .flatten()
+            .map(|d| ((&d.file, d.document), &d.value))
+            .collect::<BTreeMap<_, _>>()
+            .into_iter()
+            .map(|((file, _), value)| (file, value))
+    }
+
+    /// The file of the first definition of each object (sorted), to name files in
+    /// diagnostics.
+    pub fn first_files(&self) -> impl Iterator<Item = (&NamespacedName, &FileName)> {
+        self.definitions
+            .iter()
+            .filter_map(|(id, list)| Some((id, &list.first()?.file)))
+    }
+
+    /// The objects defined more than once, with the file of each definition (sorted).
+    pub fn duplicates(&self) -> impl Iterator<Item = (&NamespacedName, Vec<&FileName>)> {
+        self.definitions
+            .iter()
+            .filter(|(_, list)| list.len() > 1)
+            .map(|(id, list)| (id, list.iter().map(|d| &d.file).collect()))
+    }
+
+    /// The files defining `id` when it is defined more than once.
+    pub fn duplicate_files(&self, id: &NamespacedName) -> Option<Vec<&FileName>> {
+        let list = self.definitions.get(id).filter(|l| l.len() > 1)?;
+        Some(list.iter().map(|d| &d.file).collect())
+    }
+
+    /// Warns about each object of `file` that is defined more than once (`kind` names it).
+    pub fn warn_duplicates(&self, file: &Path, kind: &str) {
+        let mut seen = std::collections::BTreeSet::new();
+        for id in self.ids_of(file) {
+            if !seen.insert(id) {
+                continue;
+            }
+            if let Some(files) = self.duplicate_files(id) {
+                let files: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+                tracing::warn!(
+                    object = %format!("{kind} {id}"),
+                    files = %files.join(", "),
+                    "{DUPLICATE}"
+                );
+            }
+        }
+    }
+}
+
+/// The merge's rule ([`dataplane_core::merge`]): the smallest record.
+impl Rank for Arc<ServiceRecord> {
+    fn rank(&self, other: &Self) -> Ordering {
+        self.cmp(other)
+    }
+}
+
+/// The merge's rule: the smallest record.
+impl Rank for Arc<ExportRecord> {
+    fn rank(&self, other: &Self) -> Ordering {
+        self.cmp(other)
+    }
+}
+
+/// The merge's rule for slices, which have no order: the smallest debug text.
+impl Rank for Arc<LocalSlice> {
+    fn rank(&self, other: &Self) -> Ordering {
+        format!("{self:?}").cmp(&format!("{other:?}"))
+    }
+}
+
+/// The sticky-IP rule: the smallest IPs, then the smallest debug text.
+impl Rank for Arc<ImportRecord> {
+    fn rank(&self, other: &Self) -> Ordering {
+        (&self.ips, format!("{self:?}")).cmp(&(&other.ips, format!("{other:?}")))
+    }
+}
+
+/// The lb table's rule for imports: the smallest object JSON.
+impl Rank for ImportInput {
+    fn rank(&self, other: &Self) -> Ordering {
+        let json = |c: &ImportInput| {
+            c.record
+                .as_ref()
+                .map(|r| serde_json::to_string(&r.to_k8s()).unwrap_or_default())
+        };
+        json(self).cmp(&json(other))
+    }
+}
+
+/// The smallest debug text.
+impl Rank for SliceInput {
+    fn rank(&self, other: &Self) -> Ordering {
+        format!("{self:?}").cmp(&format!("{other:?}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    impl Rank for &'static str {
+        fn rank(&self, other: &Self) -> Ordering {
+            self.cmp(other)
+        }
+    }
+
+    fn id(name: &str) -> NamespacedName {
+        NamespacedName::new("ns", name)
+    }
+
+    fn file(name: &str) -> FileName {
+        Arc::from(Path::new(name))
+    }
+
+    fn replace(
+        index: &mut FileObjects<&'static str>,
+        f: &str,
+        objects: &[(&str, &'static str)],
+    ) -> Vec<(NamespacedName, Option<&'static str>)> {
+        let mut before = Before::default();
+        let objects = objects
+            .iter()
+            .enumerate()
+            .map(|(i, (n, v))| (i, id(n), *v))
+            .collect();
+        index.replace(&file(f), objects, &mut before);
+        index.changes(before)
+    }
+
+    #[test]
+    fn a_file_replaced_reports_only_what_differs() {
+        let mut index = FileObjects::default();
+        assert_eq!(
+            replace(&mut index, "a.yaml", &[("x", "x1"), ("y", "y1")]),
+            [(id("x"), Some("x1")), (id("y"), Some("y1"))]
+        );
+        assert_eq!(replace(&mut index, "b.yaml", &[("z", "z1")]).len(), 1);
+        // a.yaml again: x unchanged, y changed, w new.
+        assert_eq!(
+            replace(
+                &mut index,
+                "a.yaml",
+                &[("x", "x1"), ("y", "y2"), ("w", "w1")]
+            ),
+            [(id("w"), Some("w1")), (id("y"), Some("y2"))]
+        );
+        // a.yaml emptied: its objects go, b's stay.
+        assert_eq!(
+            replace(&mut index, "a.yaml", &[]),
+            [(id("w"), None), (id("x"), None), (id("y"), None)]
+        );
+        assert!(!index.defines(Path::new("a.yaml")));
+        assert_eq!(index.get(&id("z")), Some(&"z1"));
+        assert_eq!(index.len(), 1);
+    }
+
+    #[test]
+    fn an_object_moved_between_files_in_one_update_is_no_change() {
+        let mut index = FileObjects::default();
+        replace(&mut index, "a.yaml", &[("x", "x1")]);
+        let mut before = Before::default();
+        index.replace(&file("a.yaml"), vec![], &mut before);
+        index.replace(&file("b.yaml"), vec![(0, id("x"), "x1")], &mut before);
+        assert_eq!(index.changes(before), []);
+        assert_eq!(index.ids_of(Path::new("b.yaml")), [id("x")]);
+    }
+
+    #[test]
+    fn a_duplicate_uses_the_smallest_definition_whatever_the_order() {
+        let mut one = FileObjects::default();
+        replace(&mut one, "a.yaml", &[("x", "x2")]);
+        assert_eq!(
+            replace(&mut one, "b.yaml", &[("x", "x1")]),
+            [(id("x"), Some("x1"))]
+        );
+        let mut two = FileObjects::default();
+        replace(&mut two, "b.yaml", &[("x", "x1")]);
+        assert_eq!(replace(&mut two, "a.yaml", &[("x", "x2")]), []);
+        assert_eq!(one.get(&id("x")), two.get(&id("x")));
+        let dups: Vec<_> = one.duplicates().collect();
+        assert_eq!(dups, [(&id("x"), vec![&file("a.yaml"), &file("b.yaml")])]);
+        // The smaller one's file goes: the other definition is used again.
+        assert_eq!(replace(&mut one, "b.yaml", &[]), [(id("x"), Some("x2"))]);
+        assert_eq!(one.duplicates().count(), 0);
+        // Twice in one file: both are kept, one is used.
+        replace(&mut one, "c.yaml", &[("y", "y2"), ("y", "y1")]);
+        assert_eq!(one.get(&id("y")), Some(&"y1"));
+        assert_eq!(one.duplicate_files(&id("y")).map(|f| f.len()), Some(2));
+        let all: Vec<_> = one
+            .all()
+            .map(|(f, v)| (f.to_string_lossy().into_owned(), *v))
+            .collect();
+        assert_eq!(
+            all,
+            [
+                ("a.yaml".to_owned(), "x2"),
+                ("c.yaml".to_owned(), "y2"),
+                ("c.yaml".to_owned(), "y1")
+            ]
+        );
+    }
+}
