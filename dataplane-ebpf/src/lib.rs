@@ -63,6 +63,16 @@ pub mod map_names {
     ];
 }
 
+/// The do-nothing programs in the object (`r0 = 1; exit`), by the hook they stand in for. The
+/// agent never loads them; the benchmark attaches them next to the real programs to measure the
+/// floor of a program run on the same calls.
+pub const FLOOR_PROGRAMS: [(&str, &str); 4] = [
+    ("connect4", "noop_connect4"),
+    ("connect6", "noop_connect6"),
+    ("sendmsg4", "noop_sendmsg4"),
+    ("recvmsg4", "noop_recvmsg4"),
+];
+
 /// Default capacities, overridable at load time.
 pub mod defaults {
     pub const MAX_FRONTENDS: u32 = 65536;

@@ -394,6 +394,30 @@ pub fn getpeername6(ctx: SockAddrContext) -> i32 {
     reverse6(&ctx)
 }
 
+// Do-nothing programs of each measured hook (`r0 = 1; exit`), never attached by the agent. The
+// benchmark attaches them next to the programs above, on the same cgroup, so both run on the
+// same calls: their kernel run time per call is the floor a program of that type costs.
+
+#[cgroup_sock_addr(connect4)]
+pub fn noop_connect4(_ctx: SockAddrContext) -> i32 {
+    ALLOW
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn noop_connect6(_ctx: SockAddrContext) -> i32 {
+    ALLOW
+}
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn noop_sendmsg4(_ctx: SockAddrContext) -> i32 {
+    ALLOW
+}
+
+#[cgroup_sock_addr(recvmsg4)]
+pub fn noop_recvmsg4(_ctx: SockAddrContext) -> i32 {
+    ALLOW
+}
+
 #[cfg(not(test))]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {

@@ -123,6 +123,26 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, LoadError> {
     }
     let maps = KernelMaps::open_pinned(&maps_dir)?;
     let contents = maps.read_all()?;
+    let links = links(pin_dir);
+    Ok(Inspection {
+        pin_dir: pin_dir.display().to_string(),
+        maps: maps
+            .ids
+            .iter()
+            .map(|(name, id)| MapSummary {
+                name: (*name).to_owned(),
+                id: *id,
+                pin: maps_dir.join(name).display().to_string(),
+            })
+            .collect(),
+        links,
+        frontends: rows(&contents),
+    })
+}
+
+/// The pinned links under `pin_dir` (every cgroup's) and the programs they run. Cheap: it
+/// reads no map.
+pub fn links(pin_dir: &Path) -> Vec<LinkSummary> {
     let mut links = Vec::new();
     for dir in std::fs::read_dir(pin_dir.join("links"))
         .into_iter()
@@ -147,20 +167,7 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, LoadError> {
             });
         }
     }
-    Ok(Inspection {
-        pin_dir: pin_dir.display().to_string(),
-        maps: maps
-            .ids
-            .iter()
-            .map(|(name, id)| MapSummary {
-                name: (*name).to_owned(),
-                id: *id,
-                pin: maps_dir.join(name).display().to_string(),
-            })
-            .collect(),
-        links,
-        frontends: rows(&contents),
-    })
+    links
 }
 
 /// A human-readable table.

@@ -37,6 +37,12 @@ use super::{
 static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/dataplane-ebpf"));
 
+/// The compiled eBPF object, as the agent loads it (empty when built with `AYA_BUILD_SKIP`).
+/// The benchmark loads its do-nothing programs (`dataplane_ebpf::FLOOR_PROGRAMS`) from it.
+pub fn ebpf_object() -> &'static [u8] {
+    EBPF_OBJECT
+}
+
 /// The programs, by function (and section) name, in attach order.
 pub const PROGRAMS: [&str; 8] = [
     "connect4",
