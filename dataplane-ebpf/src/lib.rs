@@ -28,6 +28,7 @@ pub const IPPROTO_UDP: u8 = 17;
 pub const AF_INET: u8 = 2;
 pub const AF_INET6: u8 = 10;
 pub const ECONNREFUSED: i32 = 111;
+pub const ENOMEM: i32 = 12;
 
 /// The frontend rejects every connection (a known VIP on a port it does not serve).
 pub const FRONTEND_F_WILDCARD: u8 = 1;
@@ -264,6 +265,29 @@ pub fn pick_slot(random: u32, count: u16) -> u16 {
     (random % count as u32) as u16
 }
 
+/// A well-spread 32-bit draw from a socket cookie (cookies count up from 1), so that the
+/// sockets of one client spread over the backends like random draws would.
+#[inline(always)]
+pub fn cookie_hash(cookie: u64) -> u32 {
+    (cookie.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as u32
+}
+
+/// The third word of an IPv4-mapped IPv6 address (`::ffff:0:0/96`) as `user_ip6` holds it.
+const V4_MAPPED_WORD: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
+
+/// The IPv4 address (as `user_ip4` holds it) of an IPv4-mapped IPv6 address
+/// `::ffff:a.b.c.d` (as `user_ip6` holds it), or `None` for any other address.
+#[inline(always)]
+pub fn ip6_mapped_v4(addr: [u32; 4]) -> Option<u32> {
+    (addr[0] == 0 && addr[1] == 0 && addr[2] == V4_MAPPED_WORD).then_some(addr[3])
+}
+
+/// `::ffff:a.b.c.d` for an IPv4 address, in `user_ip6` form.
+#[inline(always)]
+pub fn ip6_v4_mapped(v4: u32) -> [u32; 4] {
+    [0, 0, V4_MAPPED_WORD, v4]
+}
+
 /// Whether an affinity entry last used at `last_used_ns` is still valid at `now_ns`.
 #[inline(always)]
 pub fn affinity_fresh(now_ns: u64, last_used_ns: u64, timeout_s: u32) -> bool {
@@ -326,6 +350,36 @@ mod tests {
                 assert!(pick_slot(r, count) < count);
             }
         }
+    }
+
+    #[test]
+    fn v4_mapped_addresses_round_trip() {
+        let word = |o: [u8; 4]| u32::from_ne_bytes(o);
+        let mapped = [0, 0, word([0, 0, 0xff, 0xff]), word([241, 0, 0, 10])];
+        assert_eq!(ip6_mapped_v4(mapped), Some(word([241, 0, 0, 10])));
+        assert_eq!(ip6_v4_mapped(word([241, 0, 0, 10])), mapped);
+        // ::ffff:0:0/96 only: not IPv4-compatible (::a.b.c.d), not ::1, not fd00::ffff:...
+        assert_eq!(ip6_mapped_v4([0, 0, 0, word([241, 0, 0, 10])]), None);
+        assert_eq!(ip6_mapped_v4([0, 0, 0, word([0, 0, 0, 1])]), None);
+        assert_eq!(
+            ip6_mapped_v4([word([0xfd, 0, 0, 0]), 0, mapped[2], mapped[3]]),
+            None
+        );
+    }
+
+    #[test]
+    fn cookie_draws_spread_consecutive_cookies() {
+        // 4000 consecutive cookies over 4 slots: each slot gets close to a quarter.
+        let mut per_slot = [0u32; 4];
+        for cookie in 1..=4000u64 {
+            per_slot[pick_slot(cookie_hash(cookie), 4) as usize] += 1;
+        }
+        assert!(
+            per_slot.iter().all(|n| (900..=1100).contains(n)),
+            "{per_slot:?}"
+        );
+        // The same socket always draws the same.
+        assert_eq!(cookie_hash(77), cookie_hash(77));
     }
 
     #[test]

@@ -37,6 +37,20 @@ fn start_node(topo: &Topology, input: &Path, extra: &[&str]) -> Agent {
     Agent::start(topo, &args).expect("start agent")
 }
 
+/// Starts the agent on a fixture and waits until the maps hold its `frontends` entries.
+fn node_on(topo: &Topology, fixture: &str, frontends: usize) -> Agent {
+    let input = input_dir(topo, fixture);
+    let mut agent = start_node(topo, &input, &[]);
+    agent
+        .wait_for(
+            &format!("the {fixture} fixture in the maps"),
+            SYNC_TIMEOUT,
+            |i| i.frontends.len() == frontends,
+        )
+        .unwrap();
+    agent
+}
+
 fn clusters(attempts: &[Attempt]) -> BTreeSet<String> {
     by_cluster(attempts).into_keys().collect()
 }
@@ -55,20 +69,7 @@ fn all_ok(attempts: &[Attempt]) -> bool {
 #[test]
 fn ports_reach_only_clusters_that_declare_them() {
     require_root!();
-    let mut topo = Topology::new(&["a", "b"]).unwrap();
-    for c in ["a", "b"] {
-        for h in [10, 11] {
-            topo.start_backend(c, h, &["tcp:8080", "tcp:9090", "tcp:8042", "udp:5353"])
-                .unwrap();
-        }
-    }
-    let input = input_dir(&topo, "ports");
-    let mut agent = start_node(&topo, &input, &[]);
-    agent
-        .wait_for("the ports fixture in the maps", SYNC_TIMEOUT, |i| {
-            i.frontends.len() == 9
-        })
-        .unwrap();
+    let (topo, _agent) = ports_topology();
 
     let http = topo
         .probe("tcp", "241.0.0.10:80", &["--count", "200"])
@@ -132,13 +133,7 @@ fn each_family_reaches_only_clusters_of_that_family() {
     for c in ["a", "b", "c"] {
         topo.start_backend(c, 10, &["tcp:8080"]).unwrap();
     }
-    let input = input_dir(&topo, "dualstack");
-    let mut agent = start_node(&topo, &input, &[]);
-    agent
-        .wait_for("the dual-stack fixture", SYNC_TIMEOUT, |i| {
-            i.frontends.len() == 4
-        })
-        .unwrap();
+    let _agent = node_on(&topo, "dualstack", 4);
 
     let v4 = topo
         .probe("tcp", "241.0.0.30:80", &["--count", "100"])
@@ -174,13 +169,7 @@ fn undeclared_ports_and_empty_frontends_are_refused() {
     let mut topo = Topology::new(&["a"]).unwrap();
     topo.start_backend("a", 10, &["tcp:8080", "udp:5353"])
         .unwrap();
-    let input = input_dir(&topo, "refuse");
-    let mut agent = start_node(&topo, &input, &[]);
-    agent
-        .wait_for("the refuse fixture", SYNC_TIMEOUT, |i| {
-            i.frontends.len() == 7
-        })
-        .unwrap();
+    let _agent = node_on(&topo, "refuse", 7);
 
     let ok = topo.probe("tcp", "241.0.0.10:80", &[]).unwrap();
     assert!(all_ok(&ok));
@@ -217,19 +206,7 @@ fn undeclared_ports_and_empty_frontends_are_refused() {
 #[test]
 fn udp_replies_come_from_the_vip() {
     require_root!();
-    let mut topo = Topology::new(&["a", "b"]).unwrap();
-    for c in ["a", "b"] {
-        for h in [10, 11] {
-            topo.start_backend(c, h, &["tcp:8080", "udp:5353"]).unwrap();
-        }
-    }
-    let input = input_dir(&topo, "ports");
-    let mut agent = start_node(&topo, &input, &[]);
-    agent
-        .wait_for("the ports fixture", SYNC_TIMEOUT, |i| {
-            frontend(i, "241.0.0.10", 53, "UDP").is_some()
-        })
-        .unwrap();
+    let (topo, _agent) = ports_topology();
 
     let unconnected = topo
         .probe("udp", "241.0.0.10:53", &["--count", "100"])
@@ -263,6 +240,111 @@ fn udp_replies_come_from_the_vip() {
     );
 }
 
+/// Starts four backends (a and b, hosts 10 and 11) on every port of the `ports` fixture and the
+/// agent on it, and waits for its 9 frontends.
+fn ports_topology() -> (Topology, Agent) {
+    let mut topo = Topology::new(&["a", "b"]).unwrap();
+    for c in ["a", "b"] {
+        for h in [10, 11] {
+            topo.start_backend(c, h, &["tcp:8080", "tcp:9090", "tcp:8042", "udp:5353"])
+                .unwrap();
+        }
+    }
+    let agent = node_on(&topo, "ports", 9);
+    (topo, agent)
+}
+
+/// Dual-stack sockets (AF_INET6, as Java and .NET open them) reach an IPv4 VIP through its
+/// IPv4-mapped address `::ffff:241.0.0.10`: balanced over the same backends, refused on an
+/// undeclared port, getpeername reports the mapped VIP, and UDP replies come from it.
+#[test]
+fn v4_mapped_destinations_of_dual_stack_sockets_are_load_balanced() {
+    require_root!();
+    let (topo, _agent) = ports_topology();
+
+    let tcp = topo
+        .probe("tcp", "[::ffff:241.0.0.10]:80", &["--count", "100"])
+        .unwrap();
+    assert!(all_ok(&tcp), "{:?}", by_cluster(&tcp));
+    assert_eq!(clusters(&tcp), set(&["a", "b"]));
+    assert_eq!(by_backend(&tcp).len(), 4, "{:?}", by_backend(&tcp));
+    assert!(
+        tcp.iter()
+            .all(|a| a.peer.as_deref() == Some("[::ffff:241.0.0.10]:80")),
+        "getpeername must report the mapped VIP: {:?}",
+        tcp.iter().map(|a| a.peer.clone()).collect::<BTreeSet<_>>()
+    );
+    assert!(
+        tcp.iter()
+            .all(|a| a.reply.as_deref().unwrap().contains(" 10.99.")),
+        "the backends were reached over IPv4"
+    );
+
+    let refused = topo
+        .probe("tcp", "[::ffff:241.0.0.10]:81", &["--count", "3"])
+        .unwrap();
+    assert!(
+        refused
+            .iter()
+            .all(|a| !a.ok && a.errno == Some(libc::ECONNREFUSED)),
+        "{refused:?}"
+    );
+
+    for mode in ["udp", "udp-connected"] {
+        let udp = topo
+            .probe(mode, "[::ffff:241.0.0.10]:53", &["--count", "40"])
+            .unwrap();
+        assert!(all_ok(&udp), "{mode}: {udp:?}");
+        assert_eq!(clusters(&udp), set(&["a", "b"]), "{mode}");
+        assert!(
+            udp.iter()
+                .all(|a| a.from.as_deref() == Some("[::ffff:241.0.0.10]:53")),
+            "{mode}: replies must come from the mapped VIP: {:?}",
+            udp.iter().map(|a| a.from.clone()).collect::<BTreeSet<_>>()
+        );
+        if mode == "udp-connected" {
+            assert!(
+                udp.iter()
+                    .all(|a| a.peer.as_deref() == Some("[::ffff:241.0.0.10]:53"))
+            );
+        }
+    }
+
+    let i = inspect(&topo.pin_dir).unwrap();
+    assert_eq!(
+        frontend(&i, "241.0.0.10", 80, "TCP").unwrap().translations,
+        100
+    );
+    assert_eq!(frontend(&i, "241.0.0.10", 0, "*").unwrap().rejects, 3);
+    assert_eq!(
+        frontend(&i, "241.0.0.10", 53, "UDP").unwrap().translations,
+        80
+    );
+}
+
+/// Unconnected UDP picks the backend by socket: every datagram of one socket reaches the same
+/// backend (a handshake that spans datagrams stays whole), over IPv4 and IPv4-mapped IPv6;
+/// sockets spread over all the backends.
+#[test]
+fn unconnected_udp_sticks_to_one_backend_per_socket() {
+    require_root!();
+    let (topo, _agent) = ports_topology();
+    for addr in ["241.0.0.10:53", "[::ffff:241.0.0.10]:53"] {
+        for _ in 0..3 {
+            let one = topo
+                .probe("udp", addr, &["--count", "50", "--one-socket"])
+                .unwrap();
+            assert!(all_ok(&one), "{one:?}");
+            assert_eq!(by_backend(&one).len(), 1, "{addr}: {:?}", by_backend(&one));
+        }
+    }
+    let many = topo
+        .probe("udp", "241.0.0.10:53", &["--count", "200"])
+        .unwrap();
+    assert!(all_ok(&many));
+    assert_eq!(by_backend(&many).len(), 4, "{:?}", by_backend(&many));
+}
+
 /// 6: with ClientIP affinity, 50 connects from one namespace hit one backend; without it
 /// they spread over the backends.
 #[test]
@@ -272,13 +354,7 @@ fn client_ip_affinity_sticks_and_no_affinity_spreads() {
     for h in 10..=13 {
         topo.start_backend("a", h, &["tcp:8080"]).unwrap();
     }
-    let input = input_dir(&topo, "affinity");
-    let mut agent = start_node(&topo, &input, &[]);
-    agent
-        .wait_for("the affinity fixture", SYNC_TIMEOUT, |i| {
-            i.frontends.len() == 4
-        })
-        .unwrap();
+    let _agent = node_on(&topo, "affinity", 4);
 
     let sticky = topo
         .probe("tcp", "241.0.0.50:80", &["--count", "50"])
