@@ -48,8 +48,9 @@ pub mod map_names {
     pub const COUNTERS: &str = "MCS_COUNTERS";
     pub const FRONTEND_NAMES: &str = "MCS_FE_NAMES";
     pub const CLUSTER_NAMES: &str = "MCS_CLUSTERS";
+    pub const SOCK_REVNAT: &str = "MCS_SK_REVNAT";
     /// Every map the agent owns, in the order `inspect` and `uninstall` walk them.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 12] = [
         FRONTENDS4,
         FRONTENDS6,
         SLOTS,
@@ -61,6 +62,7 @@ pub mod map_names {
         COUNTERS,
         FRONTEND_NAMES,
         CLUSTER_NAMES,
+        SOCK_REVNAT,
     ];
 }
 
@@ -213,6 +215,23 @@ pub struct RevNatValue6 {
     pub _pad: u16,
 }
 
+/// The reverse translation of a connected socket (TCP, or UDP after `connect`), kept in the
+/// socket's own storage (`MCS_SK_REVNAT`, socket-local storage: it goes with the socket). A
+/// connected socket has one peer, so one entry answers `getpeername` and the socket's
+/// `recvmsg`. Addresses as in [`Backend`]: IPv4 in word 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockRevNat {
+    pub backend: [u32; 4],
+    pub vip: [u32; 4],
+    /// Port, network byte order.
+    pub backend_port: u16,
+    pub vip_port: u16,
+    /// [`AF_INET`] (also for IPv4-mapped peers of dual-stack sockets) or [`AF_INET6`]; 0: empty.
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+
 /// Per-CPU counters of one frontend.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -316,7 +335,8 @@ mod pod {
         RevNatValue6,
         Counters,
         FrontendName,
-        ClusterName
+        ClusterName,
+        SockRevNat
     );
 }
 
@@ -340,6 +360,7 @@ mod tests {
         assert_eq!(size_of::<RevNatKey6>(), 32);
         assert_eq!(size_of::<RevNatValue6>(), 20);
         assert_eq!(size_of::<Counters>(), 24);
+        assert_eq!(size_of::<SockRevNat>(), 40);
         assert_eq!(size_of::<FrontendName>(), 3 * NAME_LEN);
     }
 

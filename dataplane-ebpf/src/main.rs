@@ -20,7 +20,7 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::bpf_sock_addr,
-    btf_maps::{HashMap, LruHashMap, PerCpuHashMap},
+    btf_maps::{HashMap, LruHashMap, PerCpuHashMap, SkStorage},
     helpers::generated::{
         bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns,
         bpf_set_retval,
@@ -30,10 +30,11 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use dataplane_ebpf::{
-    AffinityKey, AffinityMatchKey, AffinityValue, Backend, ClusterName, Counters, ECONNREFUSED,
-    ENOMEM, FRONTEND_F_AFFINITY, FRONTEND_F_WILDCARD, Frontend, FrontendKey4, FrontendKey6,
-    FrontendName, IPPROTO_TCP, IPPROTO_UDP, RevNatKey4, RevNatKey6, RevNatValue4, RevNatValue6,
-    Slot, SlotKey, affinity_fresh, cookie_hash, defaults, ip6_mapped_v4, ip6_v4_mapped, pick_slot,
+    AF_INET, AF_INET6, AffinityKey, AffinityMatchKey, AffinityValue, Backend, ClusterName,
+    Counters, ECONNREFUSED, ENOMEM, FRONTEND_F_AFFINITY, FRONTEND_F_WILDCARD, Frontend,
+    FrontendKey4, FrontendKey6, FrontendName, IPPROTO_TCP, IPPROTO_UDP, RevNatKey4, RevNatKey6,
+    RevNatValue4, RevNatValue6, Slot, SlotKey, SockRevNat, affinity_fresh, cookie_hash, defaults,
+    ip6_mapped_v4, ip6_v4_mapped, pick_slot,
 };
 
 /// Elements are allocated on write and freed after an RCU grace period, so a concurrent reader
@@ -59,6 +60,10 @@ static BACKENDS: HashMap<u32, Backend, MAX_BACKENDS, NO_PREALLOC> = HashMap::new
 static AFFINITY: LruHashMap<AffinityKey, AffinityValue, MAX_AFFINITY> = LruHashMap::new();
 #[btf_map(name = "MCS_AFF_MATCH")]
 static AFFINITY_MATCH: HashMap<AffinityMatchKey, u32, MAX_SLOTS, NO_PREALLOC> = HashMap::new();
+/// Reverse translation of connected sockets, in the socket itself (freed with it).
+#[btf_map(name = "MCS_SK_REVNAT")]
+static SOCK_REVNAT: SkStorage<SockRevNat> = SkStorage::new();
+/// Reverse translation of unconnected UDP sockets, per (socket, backend).
 #[btf_map(name = "MCS_REVNAT4")]
 static REVNAT4: LruHashMap<RevNatKey4, RevNatValue4, MAX_REVNAT> = LruHashMap::new();
 #[btf_map(name = "MCS_REVNAT6")]
@@ -79,7 +84,11 @@ const DENY: i32 = 0;
 /// backend's address sits in a [`Backend`]. [`V4`] also serves IPv4-mapped IPv6 destinations.
 trait Family {
     /// An address as `bpf_sock_addr` holds it (network-order words).
-    type Addr: Copy;
+    type Addr: Copy + PartialEq;
+    /// [`AF_INET`] or [`AF_INET6`], as [`SockRevNat::family`] holds it.
+    const FAMILY: u8;
+    fn to_words(addr: Self::Addr) -> [u32; 4];
+    fn from_words(words: [u32; 4]) -> Self::Addr;
     /// The frontend entry of (address, port, protocol); `port == 0 && proto == 0` is the VIP's
     /// wildcard.
     fn frontend(addr: Self::Addr, port: u16, proto: u8) -> Option<Frontend>;
@@ -102,6 +111,17 @@ struct V6;
 
 impl Family for V4 {
     type Addr = u32;
+    const FAMILY: u8 = AF_INET;
+
+    #[inline(always)]
+    fn to_words(addr: u32) -> [u32; 4] {
+        [addr, 0, 0, 0]
+    }
+
+    #[inline(always)]
+    fn from_words(words: [u32; 4]) -> u32 {
+        words[0]
+    }
 
     #[inline(always)]
     fn frontend(addr: u32, port: u16, proto: u8) -> Option<Frontend> {
@@ -155,6 +175,17 @@ impl Family for V4 {
 
 impl Family for V6 {
     type Addr = [u32; 4];
+    const FAMILY: u8 = AF_INET6;
+
+    #[inline(always)]
+    fn to_words(addr: [u32; 4]) -> [u32; 4] {
+        addr
+    }
+
+    #[inline(always)]
+    fn from_words(words: [u32; 4]) -> [u32; 4] {
+        words
+    }
 
     #[inline(always)]
     fn frontend(addr: [u32; 4], port: u16, proto: u8) -> Option<Frontend> {
@@ -256,13 +287,14 @@ fn choose(ctx: &SockAddrContext, fe: &Frontend, draw: u32) -> Choice {
         return Choice::Reject(fe.id);
     }
     let affinity = fe.flags & FRONTEND_F_AFFINITY != 0;
-    let now = unsafe { bpf_ktime_get_ns() };
+    // The clock and the client's netns cookie only matter with affinity.
+    let (now, netns_cookie) = if affinity {
+        unsafe { (bpf_ktime_get_ns(), bpf_get_netns_cookie(ctx.as_ptr())) }
+    } else {
+        (0, 0)
+    };
     let aff_key = AffinityKey {
-        netns_cookie: if affinity {
-            unsafe { bpf_get_netns_cookie(ctx.as_ptr()) }
-        } else {
-            0
-        },
+        netns_cookie,
         frontend_id: fe.id,
         _pad: 0,
     };
@@ -320,9 +352,59 @@ fn choose(ctx: &SockAddrContext, fe: &Frontend, draw: u32) -> Choice {
     Choice::Backend(fe.id, *be)
 }
 
+/// Which hook translates: `connect` (the socket gets one peer) or `sendmsg` (one datagram of
+/// an unconnected UDP socket).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Hook {
+    Connect,
+    Sendmsg,
+}
+
+/// Records, for the reverse path, that this socket's backend `(backend, backend_port)` stands
+/// for `(vip, vip_port)`: in the socket's own storage for a connect, in the per-(socket,
+/// backend) LRU map for a datagram (written only when it changes).
+#[inline(always)]
+fn record<F: Family>(
+    ctx: &SockAddrContext,
+    hook: Hook,
+    cookie: u64,
+    backend: F::Addr,
+    backend_port: u16,
+    vip: F::Addr,
+    vip_port: u16,
+) -> Result<(), i32> {
+    if hook == Hook::Connect {
+        let entry = unsafe { SOCK_REVNAT.get_or_insert_ptr_mut(ctx, None) };
+        if entry.is_null() {
+            return Err(-ENOMEM);
+        }
+        // SAFETY: a non-null pointer from bpf_sk_storage_get is this socket's value.
+        unsafe {
+            *entry = SockRevNat {
+                backend: F::to_words(backend),
+                vip: F::to_words(vip),
+                backend_port,
+                vip_port,
+                family: F::FAMILY,
+                _pad: [0; 3],
+            };
+        }
+        return Ok(());
+    }
+    if F::rev_lookup(cookie, backend, backend_port) == Some((vip, vip_port)) {
+        return Ok(());
+    }
+    F::rev_insert(cookie, backend, backend_port, vip, vip_port)
+}
+
 /// The forward translation of a destination `(vip, port)` of family `F`.
 #[inline(always)]
-fn forward<F: Family>(ctx: &SockAddrContext, vip: F::Addr, vip_port: u16) -> Verdict<F::Addr> {
+fn forward<F: Family>(
+    ctx: &SockAddrContext,
+    hook: Hook,
+    vip: F::Addr,
+    vip_port: u16,
+) -> Verdict<F::Addr> {
     let sa = unsafe { &*ctx.sock_addr };
     let Some(proto) = l4_proto(sa) else {
         return Verdict::Pass;
@@ -356,7 +438,7 @@ fn forward<F: Family>(ctx: &SockAddrContext, vip: F::Addr, vip_port: u16) -> Ver
             let backend = F::backend_addr(&be);
             // Without its reverse entry the application would see the backend, not the VIP,
             // as its peer: refuse rather than translate half-way.
-            if let Err(e) = F::rev_insert(cookie, backend, be.port, vip, vip_port) {
+            if let Err(e) = record::<F>(ctx, hook, cookie, backend, be.port, vip, vip_port) {
                 bump(id, |c| c.rejects += 1);
                 debug!(ctx, "reject frontend {}: reverse entry failed {}", id, e);
                 return Verdict::Reject(if e < 0 { e } else { -ENOMEM });
@@ -367,9 +449,27 @@ fn forward<F: Family>(ctx: &SockAddrContext, vip: F::Addr, vip_port: u16) -> Ver
     }
 }
 
-/// The VIP that a backend peer `(addr, port)` of this socket stands for, if any.
+/// The VIP that a backend peer `(addr, port)` of this socket stands for, if any: the
+/// socket's own entry (connected sockets), else, for `recvmsg` of an unconnected UDP socket,
+/// the per-(socket, backend) map.
 #[inline(always)]
-fn reverse<F: Family>(ctx: &SockAddrContext, addr: F::Addr, port: u16) -> Option<(F::Addr, u16)> {
+fn reverse<F: Family>(
+    ctx: &SockAddrContext,
+    unconnected_too: bool,
+    addr: F::Addr,
+    port: u16,
+) -> Option<(F::Addr, u16)> {
+    let entry = unsafe { SOCK_REVNAT.get_ptr_mut(ctx) };
+    if !entry.is_null() {
+        // SAFETY: a non-null pointer from bpf_sk_storage_get is this socket's value.
+        let e = unsafe { &*entry };
+        if e.family == F::FAMILY && e.backend_port == port && F::from_words(e.backend) == addr {
+            return Some((F::from_words(e.vip), e.vip_port));
+        }
+    }
+    if !unconnected_too {
+        return None;
+    }
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     F::rev_lookup(cookie, addr, port)
 }
@@ -410,9 +510,9 @@ fn set_user_ip6(sa: &mut bpf_sock_addr, addr: [u32; 4]) {
 
 /// connect4, sendmsg4: an IPv4 destination.
 #[inline(always)]
-fn forward4(ctx: &SockAddrContext) -> i32 {
+fn forward4(ctx: &SockAddrContext, hook: Hook) -> i32 {
     let sa = unsafe { &mut *ctx.sock_addr };
-    let verdict = forward::<V4>(ctx, sa.user_ip4, sa.user_port as u16);
+    let verdict = forward::<V4>(ctx, hook, sa.user_ip4, sa.user_port as u16);
     apply(verdict, |addr, port| {
         sa.user_ip4 = addr;
         sa.user_port = port as u32;
@@ -422,18 +522,18 @@ fn forward4(ctx: &SockAddrContext) -> i32 {
 /// connect6, sendmsg6: an IPv6 destination, or an IPv4-mapped one (looked up as IPv4 and
 /// rewritten as an IPv4-mapped backend).
 #[inline(always)]
-fn forward6(ctx: &SockAddrContext) -> i32 {
+fn forward6(ctx: &SockAddrContext, hook: Hook) -> i32 {
     let sa = unsafe { &mut *ctx.sock_addr };
     let dst = user_ip6(sa);
     let port = sa.user_port as u16;
     if let Some(v4) = ip6_mapped_v4(dst) {
-        let verdict = forward::<V4>(ctx, v4, port);
+        let verdict = forward::<V4>(ctx, hook, v4, port);
         return apply(verdict, |addr, port| {
             set_user_ip6(sa, ip6_v4_mapped(addr));
             sa.user_port = port as u32;
         });
     }
-    let verdict = forward::<V6>(ctx, dst, port);
+    let verdict = forward::<V6>(ctx, hook, dst, port);
     apply(verdict, |addr, port| {
         set_user_ip6(sa, addr);
         sa.user_port = port as u32;
@@ -441,10 +541,12 @@ fn forward6(ctx: &SockAddrContext) -> i32 {
 }
 
 /// recvmsg4, getpeername4: rewrites a backend source or peer back to the VIP it stands for.
+/// `unconnected_too`: recvmsg, whose socket may be an unconnected UDP one.
 #[inline(always)]
-fn reverse4(ctx: &SockAddrContext) -> i32 {
+fn reverse4(ctx: &SockAddrContext, unconnected_too: bool) -> i32 {
     let sa = unsafe { &mut *ctx.sock_addr };
-    if let Some((vip, port)) = reverse::<V4>(ctx, sa.user_ip4, sa.user_port as u16) {
+    if let Some((vip, port)) = reverse::<V4>(ctx, unconnected_too, sa.user_ip4, sa.user_port as u16)
+    {
         sa.user_ip4 = vip;
         sa.user_port = port as u32;
     }
@@ -453,16 +555,16 @@ fn reverse4(ctx: &SockAddrContext) -> i32 {
 
 /// recvmsg6, getpeername6: the same for IPv6 peers and IPv4-mapped ones.
 #[inline(always)]
-fn reverse6(ctx: &SockAddrContext) -> i32 {
+fn reverse6(ctx: &SockAddrContext, unconnected_too: bool) -> i32 {
     let sa = unsafe { &mut *ctx.sock_addr };
     let peer = user_ip6(sa);
     let port = sa.user_port as u16;
     if let Some(v4) = ip6_mapped_v4(peer) {
-        if let Some((vip, vip_port)) = reverse::<V4>(ctx, v4, port) {
+        if let Some((vip, vip_port)) = reverse::<V4>(ctx, unconnected_too, v4, port) {
             set_user_ip6(sa, ip6_v4_mapped(vip));
             sa.user_port = vip_port as u32;
         }
-    } else if let Some((vip, vip_port)) = reverse::<V6>(ctx, peer, port) {
+    } else if let Some((vip, vip_port)) = reverse::<V6>(ctx, unconnected_too, peer, port) {
         set_user_ip6(sa, vip);
         sa.user_port = vip_port as u32;
     }
@@ -471,42 +573,42 @@ fn reverse6(ctx: &SockAddrContext) -> i32 {
 
 #[cgroup_sock_addr(connect4)]
 pub fn connect4(ctx: SockAddrContext) -> i32 {
-    forward4(&ctx)
+    forward4(&ctx, Hook::Connect)
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn connect6(ctx: SockAddrContext) -> i32 {
-    forward6(&ctx)
+    forward6(&ctx, Hook::Connect)
 }
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn sendmsg4(ctx: SockAddrContext) -> i32 {
-    forward4(&ctx)
+    forward4(&ctx, Hook::Sendmsg)
 }
 
 #[cgroup_sock_addr(sendmsg6)]
 pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
-    forward6(&ctx)
+    forward6(&ctx, Hook::Sendmsg)
 }
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn recvmsg4(ctx: SockAddrContext) -> i32 {
-    reverse4(&ctx)
+    reverse4(&ctx, true)
 }
 
 #[cgroup_sock_addr(recvmsg6)]
 pub fn recvmsg6(ctx: SockAddrContext) -> i32 {
-    reverse6(&ctx)
+    reverse6(&ctx, true)
 }
 
 #[cgroup_sock_addr(getpeername4)]
 pub fn getpeername4(ctx: SockAddrContext) -> i32 {
-    reverse4(&ctx)
+    reverse4(&ctx, false)
 }
 
 #[cgroup_sock_addr(getpeername6)]
 pub fn getpeername6(ctx: SockAddrContext) -> i32 {
-    reverse6(&ctx)
+    reverse6(&ctx, false)
 }
 
 // Do-nothing programs of each measured hook (`r0 = 1; exit`), never attached by the agent. The

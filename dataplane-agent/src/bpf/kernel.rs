@@ -67,20 +67,23 @@ fn typed<T: TryFrom<Map, Error = MapError>>(
     T::try_from(map).map_err(|source| KernelMapError::Layout { name, source })
 }
 
+fn map_data(map: &Map) -> Option<&MapData> {
+    match map {
+        Map::HashMap(d) | Map::PerCpuHashMap(d) | Map::LruHashMap(d) | Map::SkStorage(d) => Some(d),
+        _ => None,
+    }
+}
+
 fn max_entries(map: &Map) -> u32 {
-    let data = match map {
-        Map::HashMap(d) | Map::PerCpuHashMap(d) | Map::LruHashMap(d) => d,
-        _ => return 0,
-    };
-    data.info().map(|i| i.max_entries()).unwrap_or(0)
+    map_data(map)
+        .and_then(|d| d.info().ok())
+        .map_or(0, |i| i.max_entries())
 }
 
 fn map_id(map: &Map) -> u32 {
-    let data = match map {
-        Map::HashMap(d) | Map::PerCpuHashMap(d) | Map::LruHashMap(d) => d,
-        _ => return 0,
-    };
-    data.info().map(|i| i.id()).unwrap_or(0)
+    map_data(map)
+        .and_then(|d| d.info().ok())
+        .map_or(0, |i| i.id())
 }
 
 impl KernelMaps {

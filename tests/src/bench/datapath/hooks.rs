@@ -138,7 +138,13 @@ impl Window {
                 .iter()
                 .find(|l| l.program == *hook)
                 .map(|l| l.program_id)
-                .with_context(|| format!("no pinned link of {hook} under {}", pin_dir.display()))?;
+                .with_context(|| {
+                    format!(
+                        "no pinned link of {hook} under {} (found {:?})",
+                        pin_dir.display(),
+                        links.iter().map(|l| &l.pin).collect::<Vec<_>>()
+                    )
+                })?;
             let floor_id = *floor
                 .ids
                 .get(hook)
