@@ -4,7 +4,7 @@
 //! `AYA_BUILD_SKIP=1 cargo bench -p dataplane-agent --bench merge`
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use dataplane_agent::{
+use dataplane_core::{
     lb,
     merge::{self, ClusterSetConfig},
     synthetic::{self, Shape},
@@ -27,7 +27,7 @@ fn bench(c: &mut Criterion) {
     group.bench_function("merge_and_lb_10k_services_5_clusters_10_endpoints", |b| {
         b.iter_with_large_drop(|| {
             let plan = merge::merge(&snapshots, &config, &importing, &[]);
-            let table = lb::build(&plan.service_imports, &plan.endpoint_slices);
+            let table = lb::build_records(&plan.service_imports, &plan.endpoint_slices);
             assert_eq!(table.frontends.len(), SHAPE.services * SHAPE.ports);
             (plan, table)
         })
@@ -37,7 +37,7 @@ fn bench(c: &mut Criterion) {
     });
     let plan = merge::merge(&snapshots, &config, &importing, &[]);
     group.bench_function("lb_only", |b| {
-        b.iter_with_large_drop(|| lb::build(&plan.service_imports, &plan.endpoint_slices))
+        b.iter_with_large_drop(|| lb::build_records(&plan.service_imports, &plan.endpoint_slices))
     });
     group.finish();
 }

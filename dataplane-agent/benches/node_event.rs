@@ -21,18 +21,19 @@ use std::{
 };
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use dataplane_agent::{
-    bpf::{
-        maps::{Capacities, MemMaps},
-        sync::MapSync,
-    },
+use dataplane_agent::bpf::{
+    maps::{Capacities, MemMaps},
+    sync::MapSync,
+};
+use dataplane_core::{
     lb::{
         self, LbState,
-        inputs::{Change, InputIndex},
+        inputs::{Change, InputIndex, slice_input},
     },
     model::{
-        EndpointSlice, IpFamily, LABEL_MANAGED_BY, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER,
-        MANAGED_BY, ObjectMeta, ServiceImport, ServiceImportType, ServicePort,
+        EndpointSlice, Interner, IpFamily, LABEL_MANAGED_BY, LABEL_SERVICE_NAME,
+        LABEL_SOURCE_CLUSTER, MANAGED_BY, ObjectMeta, ServiceImport, ServiceImportType,
+        ServicePort,
     },
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
@@ -98,9 +99,9 @@ fn slice(s: usize, c: usize, moved: bool) -> EndpointSlice {
         endpoints: (0..ENDPOINTS)
             .map(|e| Endpoint {
                 addresses: vec![if moved && e == 0 {
-                    dataplane_agent::synthetic::pod_ip(c, SERVICES * ENDPOINTS + 1)
+                    dataplane_core::synthetic::pod_ip(c, SERVICES * ENDPOINTS + 1)
                 } else {
-                    dataplane_agent::synthetic::pod_ip(c, s * ENDPOINTS + e)
+                    dataplane_core::synthetic::pod_ip(c, s * ENDPOINTS + e)
                 }],
                 conditions: Some(EndpointConditions {
                     ready: Some(true),
@@ -172,13 +173,17 @@ fn bench(c: &mut Criterion) {
         let mut index = InputIndex::default();
         let mut lb = LbState::default();
         let mut dirty = BTreeSet::new();
+        let names = Interner::new();
         index.apply(
-            Change::Snapshot {
-                imports: imports.clone(),
-                slices: slices.clone(),
-            },
+            Change::snapshot(
+                imports.iter().map(|i| &**i),
+                slices.iter().map(|s| &**s),
+                &names,
+            ),
             &mut dirty,
         );
+        // The watch source converts each event as it arrives.
+        let versions = versions.map(|v| slice_input(&v, &names));
         lb.update(&dirty, |s| index.inputs(s));
         assert_eq!(
             lb.table(),

@@ -11,11 +11,11 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use dataplane_agent::{
-    bpf::{
-        maps::{Capacities, MemMaps},
-        sync::MapSync,
-    },
+use dataplane_agent::bpf::{
+    maps::{Capacities, MemMaps},
+    sync::MapSync,
+};
+use dataplane_core::{
     lb::{Backend, Frontend, FrontendAddr, LbTable, Protocol},
     model::{ClusterId, NamespacedName},
 };

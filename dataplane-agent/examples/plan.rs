@@ -8,9 +8,9 @@ fn main() -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("usage: plan DIR [CLUSTER]"))?;
     let cluster = args
         .next()
-        .map(dataplane_agent::model::ClusterId::new)
+        .map(dataplane_core::model::ClusterId::new)
         .transpose()?;
-    let plan = dataplane_agent::plan::compute(dir.as_ref(), cluster.as_ref())?;
+    let plan = dataplane_agent::source::clusterset_dir::plan(dir.as_ref(), cluster.as_ref())?;
     print!("{}", plan.to_json());
     Ok(())
 }

@@ -119,7 +119,7 @@ pub struct RunArgs {
     pub config: Option<PathBuf>,
     /// Standalone: the cluster this host belongs to (default: the first cluster id in sorted order).
     #[arg(long, conflicts_with = "config")]
-    pub cluster: Option<crate::model::ClusterId>,
+    pub cluster: Option<dataplane_core::model::ClusterId>,
     /// Standalone: write the current ServiceImports and export conditions (YAML) here after every merge.
     #[arg(long, conflicts_with = "config")]
     pub report: Option<PathBuf>,
@@ -172,7 +172,7 @@ pub struct PlanArgs {
     pub clusterset_dir: PathBuf,
     /// The importing cluster (default: the first cluster id in sorted order).
     #[arg(long)]
-    pub cluster: Option<crate::model::ClusterId>,
+    pub cluster: Option<dataplane_core::model::ClusterId>,
 }
 
 #[derive(Args, Debug)]
@@ -188,19 +188,21 @@ pub struct ExplainArgs {
     pub clusterset_dir: Option<PathBuf>,
     /// The importing cluster, with --clusterset-dir.
     #[arg(long, requires = "clusterset_dir")]
-    pub cluster: Option<crate::model::ClusterId>,
+    pub cluster: Option<dataplane_core::model::ClusterId>,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
 }
 
 /// Parses `IP:PORT[/tcp|/udp]`.
-pub fn parse_frontend(s: &str) -> Result<(std::net::IpAddr, u16, crate::lb::Protocol), String> {
+pub fn parse_frontend(
+    s: &str,
+) -> Result<(std::net::IpAddr, u16, dataplane_core::lb::Protocol), String> {
     let (addr, proto) = match s.rsplit_once('/') {
         Some((a, p)) => (a, p.to_ascii_uppercase()),
         None => (s, "TCP".to_owned()),
     };
-    let protocol = crate::lb::Protocol::parse(Some(&proto))
+    let protocol = dataplane_core::lb::Protocol::parse(Some(&proto))
         .map_err(|p| format!("protocol {p:?}: use tcp or udp"))?;
     let sock: std::net::SocketAddr = addr
         .parse()

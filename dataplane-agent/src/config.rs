@@ -34,10 +34,10 @@ use std::{
 
 use serde::Deserialize;
 
-use crate::{
+use crate::source::clusterset_dir::{CidrsFile, cluster_families};
+use dataplane_core::{
     merge::{ClusterSetConfig, IpFamilyPolicy},
     model::{ClusterId, IpFamily},
-    source::clusterset_dir::{CidrsFile, cluster_families},
 };
 
 /// Default [`AgentConfig::unreachable_grace`].
@@ -324,7 +324,7 @@ impl AgentConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::merge::ClusterSetCidrs;
+    use dataplane_core::merge::ClusterSetCidrs;
 
     fn parse(text: &str) -> Result<AgentConfig, ConfigError> {
         AgentConfig::parse(text, Path::new("c.yaml"))

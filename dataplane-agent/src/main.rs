@@ -4,10 +4,11 @@ use dataplane_agent::{
     bpf::{inspect, loader},
     cli::{self, Cli, Command},
     config::AgentConfig,
-    model, plan,
     roles::{kube, node, standalone},
+    source::{clusterset_dir, node_dir},
     telemetry,
 };
+use dataplane_core::{explain, model};
 
 /// mimalloc: a merge builds and frees millions of small objects (half a million endpoints,
 /// their addresses, labels), where it is several times cheaper than the system allocator. The
@@ -28,18 +29,17 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// Runs an async role on a fresh tokio runtime.
+fn block_on<T>(role: impl std::future::Future<Output = T>) -> anyhow::Result<T> {
+    let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+    Ok(rt.block_on(role))
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Node(args) => {
             let cfg = args.dataplane.loader_config().map_err(anyhow::Error::msg)?;
-            let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
-            rt.block_on(async move {
-                let node = node::Node::start(&cfg).context("installing the dataplane")?;
-                let (tx, rx) = node::channel();
-                tokio::spawn(node::watch_node_dir(args.from_dir.clone(), tx));
-                node::run(node, rx, node::shutdown_signal()).await;
-                Ok(())
-            })
+            block_on(node::run_from_dir(args.from_dir, &cfg))?.context("node role")
         }
         Command::Run(args) => {
             let cfg = args.dataplane.loader_config().map_err(anyhow::Error::msg)?;
@@ -51,54 +51,45 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     lease_namespace: args.lease_namespace.clone(),
                     telemetry_address: args.metrics_address,
                 };
-                let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
-                return rt
-                    .block_on(kube::run(config, config_path, options, cfg))
-                    .map_err(Into::into);
+                return Ok(block_on(kube::run(config, config_path, options, cfg))??);
             }
             let Some(dir) = args.clusterset_dir.clone() else {
                 anyhow::bail!("run needs --clusterset-dir or --config");
             };
-            // Fail before touching the kernel when the directory cannot be merged at all.
-            plan::compute(&dir, args.cluster.as_ref())
-                .context("reading the clusterset directory")?;
-            let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
-            rt.block_on(async move {
-                let node = node::Node::start(&cfg).context("installing the dataplane")?;
-                let (tx, rx) = node::channel();
-                tokio::spawn(standalone::watch_clusterset(
-                    dir,
-                    args.cluster.clone(),
-                    args.report.clone(),
-                    tx,
-                ));
-                node::run(node, rx, node::shutdown_signal()).await;
-                Ok(())
-            })
+            let settings = standalone::Standalone {
+                dir,
+                cluster: args.cluster.clone(),
+                report: args.report.clone(),
+            };
+            Ok(block_on(standalone::run(settings, &cfg))??)
         }
         Command::Plan(args) => {
-            let plan = plan::compute(&args.clusterset_dir, args.cluster.as_ref())?;
+            let plan = clusterset_dir::plan(&args.clusterset_dir, args.cluster.as_ref())?;
             print!("{}", plan.to_json());
             Ok(())
         }
         Command::Explain(args) => {
             let (ip, port, protocol) =
-                dataplane_agent::cli::parse_frontend(&args.address).map_err(anyhow::Error::msg)?;
+                cli::parse_frontend(&args.address).map_err(anyhow::Error::msg)?;
             let (imports, slices) = match (&args.from_dir, &args.clusterset_dir) {
                 (Some(dir), _) => {
-                    let (inputs, errors) = node::read_node_dir(dir)?;
+                    let (inputs, errors) = node_dir::read(dir)?;
                     for e in errors {
                         tracing::warn!("{e}");
                     }
                     (inputs.imports, inputs.slices)
                 }
                 (None, Some(dir)) => {
-                    let plan = plan::compute(dir, args.cluster.as_ref())?;
-                    (plan.merge.service_imports, plan.merge.endpoint_slices)
+                    let merged = clusterset_dir::merge(dir, args.cluster.as_ref(), None)?;
+                    let m = merged.merge;
+                    (
+                        m.service_imports.iter().map(|r| r.to_k8s()).collect(),
+                        m.endpoint_slices.iter().map(|s| s.to_k8s()).collect(),
+                    )
                 }
                 (None, None) => anyhow::bail!("give --from-dir or --clusterset-dir"),
             };
-            let e = dataplane_agent::explain::explain(&imports, &slices, ip, port, protocol);
+            let e = explain::explain(&imports, &slices, ip, port, protocol);
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&e)?);
             } else {

@@ -13,15 +13,11 @@
 
 use std::path::Path;
 
-use dataplane_agent::{
-    lb,
-    merge::{self, ClusterSetConfig, ClusterSnapshot},
-    model::{ClusterId, ServiceImport},
-    source::{
+use dataplane_core::{lb, merge::{self, ClusterSetConfig, ClusterSnapshot}, model::{ClusterId, ServiceImport}};
+use dataplane_agent::{source::{
         clusterset_dir::parse_config,
         manifests::{Manifest, parse_documents},
-    },
-};
+    }};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -32,17 +32,13 @@ pub fn start_backends(topo: &mut Topology, dir: &Path) -> anyhow::Result<usize> 
         let cluster = snapshot.cluster.to_string();
         let mut listens: BTreeMap<IpAddr, BTreeSet<String>> = BTreeMap::new();
         for slice in &snapshot.endpoint_slices {
-            for ep in &slice.endpoints {
-                for addr in &ep.addresses {
-                    let Ok(ip) = addr.parse::<IpAddr>() else {
-                        continue;
-                    };
+            for ep in slice.endpoints.iter() {
+                for ip in ep.addresses() {
                     let entry = listens.entry(ip).or_default();
-                    for port in slice.ports.iter().flatten() {
-                        let Some(number) = port.port else { continue };
+                    for port in slice.ports.iter() {
                         let proto = port.protocol.as_deref().unwrap_or("TCP").to_lowercase();
                         if proto == "tcp" || proto == "udp" {
-                            entry.insert(format!("{proto}:{number}"));
+                            entry.insert(format!("{proto}:{}", port.port));
                         }
                     }
                 }

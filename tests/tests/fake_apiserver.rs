@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use dataplane_agent::model::{
+use dataplane_core::model::{
     ServiceExport, ServiceExportSpec, ServiceExportStatus, ServiceImport, v1alpha1,
 };
 use futures::{Stream, StreamExt};

@@ -7,19 +7,22 @@ use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 
 use dataplane_agent::{
     config::LeaderElection,
+    roles::{
+        controller::{self, ControllerSettings},
+        kube::elect_and_control,
+    },
+    sink::kube::KubeSink,
+    source::kube::AbortOnDrop,
+    telemetry::metrics::Metrics,
+};
+use dataplane_core::{
     merge::{ClusterSetConfig, ClusterSnapshot},
     model::{
-        ClusterId, EndpointSlice, FIELD_MANAGER, LABEL_APP_MANAGED_BY, LABEL_MANAGED_BY,
+        ClusterId, EndpointSlice, FIELD_MANAGER, Interner, LABEL_APP_MANAGED_BY, LABEL_MANAGED_BY,
         LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, MANAGED_BY, Service, ServiceExport,
         ServiceImport,
     },
-    roles::{
-        controller::{self, ControllerSettings, EVENT_CONFLICT, EVENT_RESOLVED, Observed},
-        kube::elect_and_control,
-    },
-    sink::kube::{Action, KubeSink},
-    source::kube::AbortOnDrop,
-    telemetry::metrics::Metrics,
+    reconcile::{self, Action, EVENT_CONFLICT, EVENT_RESOLVED, Observed},
 };
 use http::{Method, StatusCode};
 use k8s_openapi::{
@@ -691,29 +694,32 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
     let mut east_export: ServiceExport = serde_json::from_value(export("web", T_EAST))?;
     east_export.metadata.uid = Some("uid-east-web".into());
     let west_export: ServiceExport = serde_json::from_value(export("web", T_WEST))?;
+    let names = Interner::new();
     let snapshots = vec![
-        ClusterSnapshot {
-            cluster: id("east"),
-            services: vec![east_svc],
-            service_exports: vec![east_export.clone()],
-            endpoint_slices: vec![serde_json::from_value(local_slice(
+        ClusterSnapshot::from_k8s(
+            id("east"),
+            &[east_svc],
+            std::slice::from_ref(&east_export),
+            &[serde_json::from_value(local_slice(
                 "web",
                 "east",
                 &["10.1.0.1"],
             ))?],
-        },
-        ClusterSnapshot {
-            cluster: id("west"),
-            services: vec![west_svc],
-            service_exports: vec![west_export],
-            endpoint_slices: vec![serde_json::from_value(local_slice(
+            &names,
+        ),
+        ClusterSnapshot::from_k8s(
+            id("west"),
+            &[west_svc],
+            &[west_export],
+            &[serde_json::from_value(local_slice(
                 "web",
                 "west",
                 &["10.2.0.1"],
             ))?],
-        },
+            &names,
+        ),
     ];
-    let plan = controller::plan(
+    let plan = reconcile::desired(
         &snapshots,
         &ClusterSetConfig::default(),
         &id("east"),
@@ -726,7 +732,7 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
         exports: vec![Arc::new(east_export)],
         ..Default::default()
     };
-    let actions = controller::reconcile(&plan, &id("east"), &observed, &now);
+    let actions = reconcile::reconcile(&plan, &id("east"), &observed, &now);
     let labels: Vec<(&str, &str)> = actions.iter().map(Action::label).collect();
     assert_eq!(
         labels,
@@ -738,7 +744,7 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
             ("Event", "create"),
         ]
     );
-    let si = plan.service_imports[0].clone();
+    let si = plan.service_imports[0].to_k8s();
     let ip = si.spec.ips[0].clone();
 
     let (client, mut verifier) = mock_client();
@@ -874,9 +880,9 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
     written.metadata.labels =
         Some([(LABEL_APP_MANAGED_BY.to_owned(), MANAGED_BY.to_owned())].into());
     let status = written.status.as_mut().expect("status");
-    status.conditions = controller::with_transition_times(&status.conditions, &[], &now);
+    status.conditions = reconcile::with_transition_times(&status.conditions, &[], &now);
     let mut export_after: ServiceExport = serde_json::from_value(export("web", T_EAST))?;
-    export_after.status = Some(dataplane_agent::model::ServiceExportStatus {
+    export_after.status = Some(dataplane_core::model::ServiceExportStatus {
         conditions: plan.export_statuses[0]
             .conditions
             .iter()
@@ -885,12 +891,16 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
     });
     let observed = Observed {
         imports: vec![Arc::new(written)],
-        slices: plan.endpoint_slices.iter().cloned().map(Arc::new).collect(),
+        slices: plan
+            .endpoint_slices
+            .iter()
+            .map(|s| Arc::new(s.to_k8s()))
+            .collect(),
         exports: vec![Arc::new(export_after)],
     };
     let later = Time("2026-03-01T13:00:00Z".parse()?);
     assert_eq!(
-        controller::reconcile(&plan, &id("east"), &observed, &later),
+        reconcile::reconcile(&plan, &id("east"), &observed, &later),
         []
     );
     Ok(())

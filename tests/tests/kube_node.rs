@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dataplane_agent::model::{ServiceExport, ServiceImport};
+use dataplane_core::model::{ServiceExport, ServiceImport};
 use serde_json::{Value, json};
 use tests::{
     agent::Agent,

@@ -24,11 +24,11 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use dataplane_agent::{
+use dataplane_agent::source::{clusterset_dir, manifests::parse_documents};
+use dataplane_core::{
     merge::ClusterSetCidrs,
     model::{ClusterId, IpFamily, MANAGED_BY},
     plan,
-    source::{clusterset_dir, manifests::parse_documents},
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -148,7 +148,7 @@ fn check(dir: &Path) -> Vec<String> {
         .cluster
         .as_ref()
         .map(|c| ClusterId::new(c.clone()).expect("cluster id in expect.yaml"));
-    let result = plan::compute(dir, cluster.as_ref());
+    let result = clusterset_dir::plan(dir, cluster.as_ref());
     if let Some(want) = &expect.expect_error {
         match result {
             Ok(_) => fails.push(format!("expected an error containing {want:?}, got a plan")),
@@ -678,7 +678,7 @@ fn order_independent(dir: &Path, cluster: Option<&ClusterId>, v: &Value) -> Vec<
             std::fs::write(sub.join(format!("{rev}.yaml")), text).expect("write");
         }
     });
-    match plan::compute(tmp.path(), cluster) {
+    match clusterset_dir::plan(tmp.path(), cluster) {
         Ok(p) => {
             let other: Value = serde_json::from_str(&p.to_json()).expect("json");
             if without_files(&other) != without_files(v) {
@@ -698,16 +698,17 @@ fn stable_when_fed_back(dir: &Path, p: &plan::Plan, json: &str) -> Vec<String> {
     copy_dir(dir, tmp.path(), |file, sub, text| {
         std::fs::write(sub.join(file.file_name().expect("name")), text).expect("write");
     });
-    let sub = tmp.path().join(p.cluster.as_str());
+    let sub = tmp.path().join(p.merged.cluster.as_str());
     std::fs::create_dir_all(&sub).expect("mkdir");
     let docs: Vec<String> = p
+        .merged
         .merge
         .service_imports
         .iter()
-        .map(|si| serde_yaml::to_string(si).expect("yaml"))
+        .map(|si| serde_yaml::to_string(&si.to_k8s()).expect("yaml"))
         .collect();
     std::fs::write(sub.join("zz-imports.yaml"), docs.join("---\n")).expect("write");
-    match plan::compute(tmp.path(), Some(&p.cluster)) {
+    match clusterset_dir::plan(tmp.path(), Some(&p.merged.cluster)) {
         Ok(again) => {
             // Diagnostics name files, which now live elsewhere.
             let a = without_files(&serde_json::from_str(json).expect("json"));
@@ -755,8 +756,8 @@ fn scenarios() {
 #[test]
 fn plan_json_is_deterministic() {
     let dir = scenarios_dir().join("conf02-clusterip-properties");
-    let a = plan::compute(&dir, None).expect("plan").to_json();
-    let b = plan::compute(&dir, None).expect("plan").to_json();
+    let a = clusterset_dir::plan(&dir, None).expect("plan").to_json();
+    let b = clusterset_dir::plan(&dir, None).expect("plan").to_json();
     assert_eq!(a, b);
     assert!(a.ends_with("}\n"));
     assert!(!a.contains("lastTransitionTime"));

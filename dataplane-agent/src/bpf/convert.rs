@@ -5,7 +5,25 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use dataplane_ebpf::{AF_INET, AF_INET6, NAME_LEN};
+use dataplane_core::lb::Protocol;
+use dataplane_ebpf::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, NAME_LEN};
+
+/// The IP protocol number the maps key a protocol by.
+pub fn ip_proto(protocol: Protocol) -> u8 {
+    match protocol {
+        Protocol::Tcp => IPPROTO_TCP,
+        Protocol::Udp => IPPROTO_UDP,
+    }
+}
+
+/// The protocol of an IP protocol number in the maps; `None` for one the LB does not translate.
+pub fn protocol_of(ip_proto: u8) -> Option<Protocol> {
+    match ip_proto {
+        IPPROTO_TCP => Some(Protocol::Tcp),
+        IPPROTO_UDP => Some(Protocol::Udp),
+        _ => None,
+    }
+}
 
 /// An IPv4 address as `bpf_sock_addr.user_ip4` holds it.
 pub fn ip4_word(ip: Ipv4Addr) -> u32 {

@@ -86,8 +86,8 @@ pub fn rows(contents: &MapContents) -> Vec<FrontendRow> {
         rows.push((
             addr,
             FrontendRow {
-                namespace: d.service.namespace.clone(),
-                name: d.service.name.clone(),
+                namespace: d.service.namespace.to_string(),
+                name: d.service.name.to_string(),
                 port_name: d.port_name.clone(),
                 ip: addr.ip().to_string(),
                 port,

@@ -31,12 +31,12 @@ use serde::Serialize;
 
 use super::{
     convert::{
-        addr_from_words, addr_words, ip4_from_word, ip4_word, ip6_from_words, ip6_words,
-        name_bytes, name_from_bytes, port_from_word, port_word,
+        addr_from_words, addr_words, ip_proto, ip4_from_word, ip4_word, ip6_from_words, ip6_words,
+        name_bytes, name_from_bytes, port_from_word, port_word, protocol_of,
     },
     maps::{Capacities, FeKey, MapContents, MapKind, MapOp, MapWriteError, MapWriter},
 };
-use crate::{
+use dataplane_core::{
     lb::{Frontend, FrontendAddr, LbTable, Protocol},
     model::NamespacedName,
 };
@@ -51,7 +51,7 @@ pub enum FeAddr {
 impl FeAddr {
     pub fn key(&self) -> FeKey {
         let (ip, port, proto) = match *self {
-            FeAddr::Port(f) => (f.ip, port_word(f.port), f.protocol.ip_proto()),
+            FeAddr::Port(f) => (f.ip, port_word(f.port), ip_proto(f.protocol)),
             FeAddr::Wildcard(ip) => (ip, 0, 0),
         };
         match ip {
@@ -81,7 +81,7 @@ impl FeAddr {
         Some(FeAddr::Port(FrontendAddr {
             ip,
             port: port_from_word(port),
-            protocol: Protocol::from_ip_proto(proto)?,
+            protocol: protocol_of(proto)?,
         }))
     }
 
@@ -478,7 +478,7 @@ impl MapSync {
                     cluster: cluster_by_idx.get(&be.cluster)?.clone(),
                     ip,
                     port: port_from_word(be.port),
-                    protocol: Protocol::from_ip_proto(be.proto)?,
+                    protocol: protocol_of(be.proto)?,
                 })
             });
             match identity {
@@ -940,7 +940,7 @@ impl MapSync {
                         addr,
                         port: port_word(identity.port),
                         family,
-                        proto: identity.protocol.ip_proto(),
+                        proto: ip_proto(identity.protocol),
                         cluster,
                     },
                 ),
@@ -1283,10 +1283,9 @@ pub fn read_back(contents: &MapContents) -> BTreeMap<FeAddr, DesiredFrontend> {
             else {
                 continue;
             };
-            let (Some(ip), Some(protocol)) = (
-                addr_from_words(be.addr, be.family),
-                Protocol::from_ip_proto(be.proto),
-            ) else {
+            let (Some(ip), Some(protocol)) =
+                (addr_from_words(be.addr, be.family), protocol_of(be.proto))
+            else {
                 continue;
             };
             backends.push(BackendIdentity {
@@ -1330,8 +1329,8 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::{
-        bpf::maps::MemMaps,
+    use crate::bpf::maps::MemMaps;
+    use dataplane_core::{
         lb::{Backend, Frontend},
         model::ClusterId,
     };

@@ -33,13 +33,13 @@ use super::{
 use crate::{
     bpf::loader::LoaderConfig,
     config::{AgentConfig, Member},
-    model::ClusterId,
     source::kube::watch_node_inputs,
     telemetry::{
         metrics::Metrics,
         server::{self, Health},
     },
 };
+use dataplane_core::model::ClusterId;
 
 /// Name of the ClusterProperty holding the cluster id (KEP-2149).
 pub const CLUSTER_ID_PROPERTY: &str = "cluster.clusterset.k8s.io";
@@ -66,7 +66,7 @@ pub enum KubeModeError {
     )]
     NoClusterId,
     #[error("ClusterProperty {CLUSTER_ID_PROPERTY}: {0}")]
-    BadClusterId(#[from] crate::model::InvalidClusterId),
+    BadClusterId(#[from] dataplane_core::model::InvalidClusterId),
     #[error("{0}")]
     Config(String),
     #[error("binding the telemetry server on {addr}: {source}")]
@@ -334,7 +334,7 @@ pub async fn run(
 
     match node {
         Some(node) => {
-            let (tx, rx) = node::channel();
+            let (tx, rx) = crate::source::feed::channel();
             let source = tokio::spawn(watch_node_inputs(
                 local.clone(),
                 local_client,
@@ -342,10 +342,15 @@ pub async fn run(
                 tx,
             ));
             let (m, h) = (metrics.clone(), health.clone());
-            node::run_with(node, rx, node::shutdown_signal(), move |report, elapsed| {
-                m.observe_map_sync(elapsed, report.failed.len());
-                h.set_ready();
-            })
+            node::run_with(
+                node,
+                rx,
+                super::shutdown_signal(),
+                move |report, elapsed| {
+                    m.observe_map_sync(elapsed, report.failed.len());
+                    h.set_ready();
+                },
+            )
             .await;
             if source.is_finished() {
                 error!("the ServiceImport/EndpointSlice source stopped");
@@ -355,7 +360,7 @@ pub async fn run(
         None => {
             // Nothing to wait for before serving: the controller retries on its own.
             health.set_ready();
-            node::shutdown_signal().await;
+            super::shutdown_signal().await;
         }
     }
     if let Some(control) = control {

@@ -2,8 +2,8 @@
 //! imported EndpointSlices, wherever they come from (a directory, an API server, the
 //! standalone merge).
 //!
-//! Sources send [`Change`]s on a channel: an API server's watch events one object at a time,
-//! a directory or a merge as whole snapshots. The node files them in its [`InputIndex`] (the
+//! Sources send [`Change`]s on the input feed ([`crate::source::feed`]): an API server's watch
+//! events one object at a time, a directory or a merge as whole snapshots. The node files them in its [`InputIndex`] (the
 //! one store of its inputs, shared `Arc`s), rebuilds the lb table of the services they touched
 //! ([`LbState::update`]) and writes only those services to the maps
 //! ([`MapSync::sync_services`]), so an event costs the size of the service it changes, not of
@@ -11,11 +11,11 @@
 //! pruned after a restart until the initial lists are in); the first sync is a full one, which
 //! prunes whatever the adopted maps hold that the inputs no longer have.
 
-use std::{collections::BTreeSet, path::Path, sync::Arc, time::Instant};
+use std::{collections::BTreeSet, path::PathBuf, time::Instant};
 
-use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
+use super::shutdown_signal;
 use crate::{
     bpf::{
         kernel::KernelMaps,
@@ -23,85 +23,17 @@ use crate::{
         maps::MapWriter as _,
         sync::{MapSync, SyncError, SyncReport},
     },
-    lb::{
-        LbState,
-        inputs::{Change, InputIndex},
+    source::{
+        feed::{self, Change, ChangeReceiver},
+        node_dir,
     },
-    model::{EndpointSlice, LABEL_SERVICE_NAME, NamespacedName, ServiceImport},
-    source::manifests::{self, Manifest, ManifestError},
+};
+use dataplane_core::{
+    lb::{LbState, LbWarning, inputs::InputIndex},
+    model::NamespacedName,
 };
 
-/// What the node role routes from, as read from a directory.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct NodeInputs {
-    pub imports: Vec<ServiceImport>,
-    pub slices: Vec<EndpointSlice>,
-}
-
-impl NodeInputs {
-    /// The whole inputs as one change.
-    pub fn into_change(self) -> Change {
-        Change::Snapshot {
-            imports: self.imports.into_iter().map(Arc::new).collect(),
-            slices: self.slices.into_iter().map(Arc::new).collect(),
-        }
-    }
-}
-
-/// Where sources send the node's input changes.
-pub type ChangeSender = mpsc::UnboundedSender<Change>;
-/// Where the node reads them.
-pub type ChangeReceiver = mpsc::UnboundedReceiver<Change>;
-
-/// A channel from a source to the node role.
-pub fn channel() -> (ChangeSender, ChangeReceiver) {
-    mpsc::unbounded_channel()
-}
-
-/// Reads ServiceImports and imported EndpointSlices (label
-/// `multicluster.kubernetes.io/service-name`) from the YAML files in `dir`. Other objects are
-/// reported and ignored.
-pub fn read_node_dir(dir: &Path) -> std::io::Result<(NodeInputs, Vec<ManifestError>)> {
-    let (objects, mut errors) = manifests::read_dir(dir)?;
-    let mut inputs = NodeInputs::default();
-    for object in objects {
-        match object {
-            Manifest::ServiceImport(si) => inputs.imports.push(*si),
-            Manifest::EndpointSlice(slice)
-                if slice
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .is_some_and(|l| l.contains_key(LABEL_SERVICE_NAME)) =>
-            {
-                inputs.slices.push(*slice)
-            }
-            other => errors.push(ManifestError {
-                file: dir.to_owned(),
-                document: 0,
-                object: Some(describe(&other)),
-                message:
-                    "ignored: the node role reads ServiceImports and imported EndpointSlices only"
-                        .into(),
-            }),
-        }
-    }
-    Ok((inputs, errors))
-}
-
-fn describe(m: &Manifest) -> String {
-    use crate::model::NamespacedName;
-    match m {
-        Manifest::Service(o) => format!("Service {}", NamespacedName::of(&o.metadata)),
-        Manifest::ServiceExport(o) => format!("ServiceExport {}", NamespacedName::of(&o.metadata)),
-        Manifest::ServiceImport(o) => format!("ServiceImport {}", NamespacedName::of(&o.metadata)),
-        Manifest::EndpointSlice(o) => format!(
-            "EndpointSlice {} (no {LABEL_SERVICE_NAME} label)",
-            NamespacedName::of(&o.metadata)
-        ),
-    }
-}
-
+/// Why the node role cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
     #[error(transparent)]
@@ -178,49 +110,46 @@ impl Node {
         if !self.inputs.is_ready() {
             return None;
         }
-        let report = if self.synced {
+        // The first sync is a full one: it prunes what adopted maps hold that the inputs do
+        // not. Later ones rebuild and write only the services that changed.
+        let full = !self.synced;
+        let inputs = &self.inputs;
+        let rebuilt = if full {
+            self.lb = LbState::default();
+            self.lb.update(inputs.services(), |s| inputs.inputs(s))
+        } else {
             dirty.extend(std::mem::take(&mut self.retry));
             if dirty.is_empty() {
                 return None;
             }
-            let rebuilt = self.lb.update(&dirty, |s| self.inputs.inputs(s));
-            let table = self.lb.table();
-            for service in &rebuilt {
-                for w in self.lb.warnings_of(service) {
-                    warn!(object = %w.object, "{}", w.message);
-                }
-            }
-            let report = self.sync.sync_services(table, &rebuilt, &mut self.maps);
-            info!(
-                services = rebuilt.len(),
-                changed = report.changed.len(),
-                failed = report.failed.len(),
-                writes = report.writes,
-                elapsed_us = started.elapsed().as_micros() as u64,
-                "maps synced"
-            );
-            report
-        } else {
-            let inputs = &self.inputs;
-            self.lb = LbState::default();
-            self.lb.update(inputs.services(), |s| inputs.inputs(s));
-            let table = self.lb.table();
-            for w in &table.warnings {
+            self.lb.update(&dirty, |s| inputs.inputs(s))
+        };
+        for service in &rebuilt {
+            for w in self.lb.warnings_of(service) {
                 warn!(object = %w.object, "{}", w.message);
             }
-            let report = self.sync.sync(table, &mut self.maps);
-            self.synced = true;
-            info!(
-                services = table.services().len(),
-                frontends = table.frontends.len(),
-                changed = report.changed.len(),
-                failed = report.failed.len(),
-                writes = report.writes,
-                elapsed_us = started.elapsed().as_micros() as u64,
-                "maps synced (full)"
-            );
-            report
+        }
+        let table = self.lb.table();
+        let report = if full {
+            self.sync.sync(table, &mut self.maps)
+        } else {
+            self.sync.sync_services(table, &rebuilt, &mut self.maps)
         };
+        self.synced = true;
+        info!(
+            services = rebuilt.len(),
+            frontends = table.frontends.len(),
+            changed = report.changed.len(),
+            failed = report.failed.len(),
+            writes = report.writes,
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "{}",
+            if full {
+                "maps synced (full)"
+            } else {
+                "maps synced"
+            }
+        );
         for failure in &report.failed {
             error!("{failure}");
             self.retry.insert(failed_service(failure).clone());
@@ -232,6 +161,11 @@ impl Node {
             debug!(service = %service, "service written to the maps");
         }
         Some(report)
+    }
+
+    /// The lb table's warnings about the node's inputs (bad imports and slices it skipped).
+    pub fn lb_warnings(&self) -> &[LbWarning] {
+        &self.lb.table().warnings
     }
 
     pub fn mirror(&self) -> &MapSync {
@@ -269,6 +203,15 @@ pub async fn pump_bpf_logs(logger: aya_log::EbpfLogger<&'static dyn log::Log>) {
         guard.get_inner_mut().flush();
         guard.clear_ready();
     }
+}
+
+/// `node --from-dir DIR`: the node role fed by a node directory, until SIGTERM or SIGINT.
+pub async fn run_from_dir(dir: PathBuf, loader: &LoaderConfig) -> Result<(), NodeError> {
+    let node = Node::start(loader)?;
+    let (tx, rx) = feed::channel();
+    tokio::spawn(node_dir::watch(dir, tx));
+    run(node, rx, shutdown_signal()).await;
+    Ok(())
 }
 
 /// Runs the node role until `shutdown` resolves, syncing after every batch of changes. The
@@ -316,58 +259,6 @@ pub async fn run_with(
                 info!("shutting down; the dataplane stays in place");
                 return;
             }
-        }
-    }
-}
-
-/// Resolves on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let term = signal(SignalKind::terminate());
-    let int = signal(SignalKind::interrupt());
-    match (term, int) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-        }
-        _ => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
-/// Sends the contents of `dir` on `tx`, now and after every change, as a snapshot (the node
-/// finds what differs). Stops when the node is gone.
-pub async fn watch_node_dir(dir: std::path::PathBuf, tx: ChangeSender) {
-    let mut watcher = match crate::source::watch::DirWatcher::new(&dir) {
-        Ok(w) => Some(w),
-        Err(e) => {
-            error!(dir = %dir.display(), error = %e, "cannot watch the directory; changes need a restart");
-            None
-        }
-    };
-    loop {
-        match read_node_dir(&dir) {
-            Ok((inputs, errors)) => {
-                for e in &errors {
-                    warn!("{e}");
-                }
-                if tx.send(inputs.into_change()).is_err() {
-                    return;
-                }
-            }
-            // Keep the last good snapshot: an unreadable directory must not empty the maps.
-            Err(e) => error!(dir = %dir.display(), error = %e, "cannot read the directory"),
-        }
-        match watcher.as_mut() {
-            Some(w) => {
-                if w.changed().await.is_none() {
-                    return;
-                }
-            }
-            None => std::future::pending::<()>().await,
         }
     }
 }

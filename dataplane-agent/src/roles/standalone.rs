@@ -1,36 +1,115 @@
 //! Standalone mode (`run --clusterset-dir DIR`): the whole product on one host, no API server.
-//! It merges the member clusters' manifests from `DIR/<cluster-id>/`, hands the importing
-//! cluster's ServiceImports and EndpointSlices to the node role in-process, writes the imports
-//! and export conditions to a report file, and does it again whenever DIR changes.
+//!
+//! One loop owns the three parts: the source merges the member clusters' manifests from
+//! `DIR/<cluster-id>/` ([`clusterset_dir::merge`]), this host's node applies the importing
+//! cluster's imports and slices as one [`Change`](crate::source::feed::Change), and the sink
+//! writes the imports, the export conditions and every diagnostic to the report file (with
+//! the lb warnings of the table the node built, so the table is built once). It does it again
+//! whenever DIR changes, and keeps the last good state when DIR cannot be merged.
 
 use std::path::{Path, PathBuf};
 
+use dataplane_core::{
+    merge::conditions::{ConditionStatus, ConditionType},
+    model::{ClusterId, records::ImportRecord},
+    plan::Merged,
+};
 use tracing::{error, info, warn};
 
-use super::node::{ChangeSender, NodeInputs};
+use super::{
+    node::{self, Node, NodeError},
+    shutdown_signal,
+};
 use crate::{
-    merge::conditions::{ConditionStatus, ConditionType},
-    model::{ClusterId, ServiceImport},
-    plan::{self, Plan},
-    source::watch::DirWatcher,
+    bpf::loader::LoaderConfig,
+    sink::report::write_atomically,
+    source::{
+        clusterset_dir::{self, PlanError},
+        watch::DirWatcher,
+    },
 };
 
-/// Writes `text` to `path` atomically (a reader never sees half a report).
-pub fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
+/// Why standalone mode cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StandaloneError {
+    #[error("reading the clusterset directory: {0}")]
+    Merge(#[from] PlanError),
+    #[error("installing the dataplane: {0}")]
+    Node(#[from] NodeError),
 }
 
-/// Merges once: logs the diagnostics, writes the report, and returns the plan.
-pub fn merge_once(
-    dir: &Path,
-    cluster: Option<&ClusterId>,
-    previous: Option<&[ServiceImport]>,
-    report: Option<&Path>,
-) -> Result<Plan, plan::PlanError> {
-    let plan = plan::compute_with(dir, cluster, previous)?;
-    for d in plan.diagnostics() {
+/// What standalone mode runs on.
+#[derive(Clone, Debug)]
+pub struct Standalone {
+    /// The ClusterSet directory.
+    pub dir: PathBuf,
+    /// The importing cluster (default: the first cluster id in sorted order).
+    pub cluster: Option<ClusterId>,
+    /// Where to write the report after every merge.
+    pub report: Option<PathBuf>,
+}
+
+/// Runs standalone mode until SIGTERM or SIGINT. The directory must merge once before the
+/// kernel is touched; later failures keep the last good state. The dataplane stays in place
+/// afterwards.
+pub async fn run(settings: Standalone, loader: &LoaderConfig) -> Result<(), StandaloneError> {
+    let first = clusterset_dir::merge(&settings.dir, settings.cluster.as_ref(), None)?;
+    let mut node = Node::start(loader)?;
+    if let Some(logger) = node.take_logger() {
+        tokio::spawn(node::pump_bpf_logs(logger));
+    }
+    let mut watcher = match DirWatcher::new(&settings.dir) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            error!(dir = %settings.dir.display(), error = %e, "cannot watch the clusterset directory; changes need a restart");
+            None
+        }
+    };
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    let mut merged = Ok(first);
+    let mut previous: Option<Vec<ImportRecord>> = None;
+    loop {
+        match merged {
+            Ok(m) => {
+                apply(&mut node, &m, settings.report.as_deref());
+                previous = Some(m.merge.service_imports);
+            }
+            // Keep routing the last good merge: a broken clusterset.yaml must not empty the maps.
+            Err(e) => {
+                error!(dir = %settings.dir.display(), "cannot merge: {e}; keeping the last good state")
+            }
+        }
+        let changed = async {
+            match watcher.as_mut() {
+                Some(w) => w.changed().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            got = changed => if got.is_none() {
+                warn!("the directory watcher stopped; keeping the dataplane as it is");
+                shutdown.as_mut().await;
+                return Ok(());
+            },
+            () = &mut shutdown => {
+                info!("shutting down; the dataplane stays in place");
+                return Ok(());
+            }
+        }
+        merged = clusterset_dir::merge(
+            &settings.dir,
+            settings.cluster.as_ref(),
+            previous.as_deref(),
+        );
+    }
+}
+
+/// Hands one merge to the node and writes the report.
+fn apply(node: &mut Node, merged: &Merged, report: Option<&Path>) {
+    node.apply([merged.change()]);
+    let lb_warnings = node.lb_warnings();
+    for d in merged.diagnostics(lb_warnings) {
         warn!(
             file = d.file.as_deref().unwrap_or(""),
             cluster = d.cluster.as_deref().unwrap_or(""),
@@ -39,7 +118,7 @@ pub fn merge_once(
             d.message
         );
     }
-    let conflicts = plan
+    let conflicts = merged
         .merge
         .export_statuses
         .iter()
@@ -50,65 +129,15 @@ pub fn merge_once(
         })
         .count();
     info!(
-        cluster = %plan.cluster,
-        imports = plan.merge.service_imports.len(),
-        slices = plan.merge.endpoint_slices.len(),
+        cluster = %merged.cluster,
+        imports = merged.merge.service_imports.len(),
+        slices = merged.merge.endpoint_slices.len(),
         exports_in_conflict = conflicts,
         "merged the clusterset"
     );
     if let Some(report) = report
-        && let Err(e) = write_atomically(report, &plan.report_yaml())
+        && let Err(e) = write_atomically(report, &merged.report_yaml(lb_warnings))
     {
         error!(report = %report.display(), error = %e, "cannot write the report");
-    }
-    Ok(plan)
-}
-
-/// Re-merges on every change of `dir` and sends the result to the node role on `tx`, as a
-/// snapshot (the node finds the services that differ). Stops when the node is gone.
-pub async fn watch_clusterset(
-    dir: PathBuf,
-    cluster: Option<ClusterId>,
-    report: Option<PathBuf>,
-    tx: ChangeSender,
-) {
-    let mut watcher = match DirWatcher::new(&dir) {
-        Ok(w) => Some(w),
-        Err(e) => {
-            error!(dir = %dir.display(), error = %e, "cannot watch the clusterset directory; changes need a restart");
-            None
-        }
-    };
-    let mut previous: Option<Vec<ServiceImport>> = None;
-    loop {
-        match merge_once(
-            &dir,
-            cluster.as_ref(),
-            previous.as_deref(),
-            report.as_deref(),
-        ) {
-            Ok(plan) => {
-                let inputs = NodeInputs {
-                    imports: plan.merge.service_imports.clone(),
-                    slices: plan.merge.endpoint_slices,
-                };
-                previous = Some(plan.merge.service_imports);
-                if tx.send(inputs.into_change()).is_err() {
-                    return;
-                }
-            }
-            // Keep routing the last good merge: a broken clusterset.yaml must not empty the maps.
-            Err(e) => {
-                error!(dir = %dir.display(), "cannot merge: {e}; keeping the last good state")
-            }
-        }
-        match watcher.as_mut() {
-            Some(w) => {
-                if w.changed().await.is_none() {
-                    return;
-                }
-            }
-            None => std::future::pending::<()>().await,
-        }
     }
 }

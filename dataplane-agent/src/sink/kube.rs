@@ -1,4 +1,5 @@
-//! Kubernetes writers: the controller's [`Action`]s as API requests into the local cluster.
+//! Kubernetes writers: the controller's [`Action`]s (decided by
+//! [`dataplane_core::reconcile`]) as API requests into the local cluster.
 //!
 //! Every write is a server-side apply with one field manager ([`FIELD_MANAGER`]) and `force`
 //! (the controller is the only writer of these fields, and takes them back from a hand edit):
@@ -20,74 +21,13 @@ use kube::{
 };
 use serde_json::{Value, json};
 
-use crate::model::{
-    API_VERSION_V1BETA1, Condition, EndpointSlice, FIELD_MANAGER, NamespacedName, ServiceExport,
-    ServiceImport,
+use dataplane_core::{
+    model::{
+        API_VERSION_V1BETA1, Condition, EndpointSlice, FIELD_MANAGER, NamespacedName,
+        ServiceExport, ServiceImport, resource_version,
+    },
+    reconcile::Action,
 };
-
-/// One write the controller wants.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Action {
-    /// Create or update a ServiceImport's labels, annotations and spec (its status is ignored).
-    ApplyImport(ServiceImport),
-    /// Set a ServiceImport's status.
-    ApplyImportStatus(ServiceImport),
-    /// Create or update an imported EndpointSlice.
-    ApplySlice(EndpointSlice),
-    /// Set the `Valid`/`Ready`/`Conflict` conditions of a local ServiceExport.
-    ApplyExportStatus {
-        service: NamespacedName,
-        conditions: Vec<Condition>,
-    },
-    DeleteImport {
-        service: NamespacedName,
-        uid: Option<String>,
-        resource_version: u64,
-    },
-    DeleteSlice {
-        slice: NamespacedName,
-        uid: Option<String>,
-        resource_version: u64,
-    },
-    /// An Event on a ServiceExport: a conflict appeared (`Warning`) or cleared (`Normal`).
-    Event {
-        export: NamespacedName,
-        uid: Option<String>,
-        warning: bool,
-        reason: String,
-        note: String,
-    },
-}
-
-impl Action {
-    /// (kind, op) for metrics and logs.
-    pub fn label(&self) -> (&'static str, &'static str) {
-        match self {
-            Action::ApplyImport(_) => ("ServiceImport", "apply"),
-            Action::ApplyImportStatus(_) => ("ServiceImport", "apply_status"),
-            Action::ApplySlice(_) => ("EndpointSlice", "apply"),
-            Action::ApplyExportStatus { .. } => ("ServiceExport", "apply_status"),
-            Action::DeleteImport { .. } => ("ServiceImport", "delete"),
-            Action::DeleteSlice { .. } => ("EndpointSlice", "delete"),
-            Action::Event { .. } => ("Event", "create"),
-        }
-    }
-
-    /// The object written, as `namespace/name`.
-    pub fn object(&self) -> String {
-        match self {
-            Action::ApplyImport(o) | Action::ApplyImportStatus(o) => {
-                NamespacedName::of(&o.metadata).to_string()
-            }
-            Action::ApplySlice(o) => NamespacedName::of(&o.metadata).to_string(),
-            Action::ApplyExportStatus { service, .. } | Action::DeleteImport { service, .. } => {
-                service.to_string()
-            }
-            Action::DeleteSlice { slice, .. } => slice.to_string(),
-            Action::Event { export, .. } => export.to_string(),
-        }
-    }
-}
 
 /// What a successful write returned: the object as the server stored it, or what was deleted.
 #[derive(Clone, Debug)]
@@ -216,7 +156,7 @@ impl KubeSink {
             object: action.object(),
             source,
         };
-        let ns_name = |m: &crate::model::ObjectMeta| NamespacedName::of(m);
+        let ns_name = |m: &dataplane_core::model::ObjectMeta| NamespacedName::of(m);
         match action {
             Action::ApplyImport(si) => {
                 let id = ns_name(&si.metadata);
@@ -298,8 +238,8 @@ impl KubeSink {
                 let reference = ObjectReference {
                     api_version: Some(API_VERSION_V1BETA1.to_owned()),
                     kind: Some("ServiceExport".to_owned()),
-                    name: Some(export.name.clone()),
-                    namespace: Some(export.namespace.clone()),
+                    name: Some(export.name.to_string()),
+                    namespace: Some(export.namespace.to_string()),
                     uid: uid.clone(),
                     ..Default::default()
                 };
@@ -346,7 +286,7 @@ where
         Ok(either) => {
             let returned = either
                 .left()
-                .map(|o| crate::source::kube::rv_of(&o))
+                .map(|o| resource_version(o.meta()))
                 .unwrap_or(0);
             Ok(returned.max(observed_rv + 1))
         }

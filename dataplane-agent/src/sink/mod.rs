@@ -1,4 +1,5 @@
-//! Where the agent's outputs go: the Kubernetes writers of the controller role ([`kube`]).
-//! (Standalone mode's report file is written by [`crate::roles::standalone`].)
+//! Where the agent's outputs go: the Kubernetes writers of the controller role ([`kube`]) and
+//! standalone mode's report file ([`report`]). (The node's maps are written by `bpf`.)
 
 pub mod kube;
+pub mod report;

@@ -30,8 +30,13 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use serde::Deserialize;
 
 use super::manifests::{Manifest, ManifestError, parse_documents, yaml_files};
-use crate::merge::{ClusterSetCidrs, ClusterSetConfig, ClusterSnapshot, IpFamilyPolicy};
-use crate::model::{ClusterId, InvalidClusterId, IpFamily, NamespacedName, ServiceImport};
+use dataplane_core::{
+    merge::{self, ClusterSetCidrs, ClusterSetConfig, ClusterSnapshot, IpFamilyPolicy},
+    model::{
+        ClusterId, Interner, InvalidClusterId, IpFamily, NamespacedName, records::ImportRecord,
+    },
+    plan::{Merged, Plan},
+};
 
 /// The optional configuration file at the top of the directory.
 pub const CONFIG_FILE: &str = "clusterset.yaml";
@@ -141,7 +146,7 @@ struct ClusterFile {
 /// ```
 /// use dataplane_agent::source::clusterset_dir::parse_config;
 /// let cfg = parse_config("ipFamilyPolicy: Union\n", "clusterset.yaml".as_ref()).unwrap();
-/// assert_eq!(cfg.ip_family_policy, dataplane_agent::merge::IpFamilyPolicy::Union);
+/// assert_eq!(cfg.ip_family_policy, dataplane_core::merge::IpFamilyPolicy::Union);
 /// ```
 pub fn parse_config(text: &str, file: &Path) -> Result<ClusterSetConfig, ClusterSetDirError> {
     let err = |message: String| ClusterSetDirError::Config {
@@ -181,7 +186,7 @@ pub struct ClusterSetDir {
     /// One per cluster directory, sorted by cluster id.
     pub snapshots: Vec<ClusterSnapshot>,
     /// ServiceImports found in each cluster's directory (that cluster's current imports).
-    pub imports: BTreeMap<ClusterId, Vec<ServiceImport>>,
+    pub imports: BTreeMap<ClusterId, Vec<ImportRecord>>,
     /// Documents that could not be used, sorted by file and document.
     pub errors: Vec<ManifestError>,
     /// The file each object came from, keyed by cluster and `Kind namespace/name` (the
@@ -251,6 +256,7 @@ pub fn read(dir: &Path) -> Result<ClusterSetDir, ClusterSetDirError> {
     for (cluster, path) in cluster_dirs {
         let mut snap = ClusterSnapshot::empty(cluster.clone());
         let mut imports = Vec::new();
+        let names = Interner::new();
         for file in yaml_files(&path).map_err(io(&path))? {
             let text = match std::fs::read_to_string(&file) {
                 Ok(t) => t,
@@ -281,11 +287,8 @@ pub fn read(dir: &Path) -> Result<ClusterSetDir, ClusterSetDirError> {
                 if file < *source {
                     *source = file.clone();
                 }
-                match m {
-                    Manifest::Service(o) => snap.services.push(*o),
-                    Manifest::ServiceExport(o) => snap.service_exports.push(*o),
-                    Manifest::ServiceImport(o) => imports.push(*o),
-                    Manifest::EndpointSlice(o) => snap.endpoint_slices.push(*o),
+                if let Some(si) = snap.add_manifest(m, &names) {
+                    imports.extend(ImportRecord::from_k8s(&si, &names, true).record);
                 }
             }
         }
@@ -337,4 +340,67 @@ mod tests {
             assert!(e.to_string().starts_with("c.yaml: "), "{e}");
         }
     }
+}
+
+/// Why a ClusterSet directory cannot be merged at all.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Dir(#[from] ClusterSetDirError),
+    #[error("{}: no cluster directory", dir.display())]
+    NoClusters { dir: PathBuf },
+    #[error("cluster {cluster} is neither a directory of {} nor listed in its clusterset.yaml", dir.display())]
+    UnknownCluster { cluster: ClusterId, dir: PathBuf },
+}
+
+/// Reads `dir`, merges for `cluster` (default: the first cluster id in sorted order) and builds
+/// the lb table: what `plan` prints. ServiceImports found in the importing cluster's directory
+/// are its existing imports (their ClusterSet IPs are kept).
+///
+/// ```no_run
+/// let plan = dataplane_agent::source::clusterset_dir::plan("clusterset".as_ref(), None)?;
+/// print!("{}", plan.to_json());
+/// # Ok::<(), dataplane_agent::source::clusterset_dir::PlanError>(())
+/// ```
+pub fn plan(dir: &Path, cluster: Option<&ClusterId>) -> Result<Plan, PlanError> {
+    Ok(Plan::new(merge(dir, cluster, None)?))
+}
+
+/// Reads `dir` and merges it for `cluster` (default: the first cluster id in sorted order).
+/// `current_imports` are the importing cluster's current imports, whose ClusterSet IPs are kept
+/// (standalone mode passes its previous result); by default the ServiceImports found in that
+/// cluster's directory.
+pub fn merge(
+    dir: &Path,
+    cluster: Option<&ClusterId>,
+    current_imports: Option<&[ImportRecord]>,
+) -> Result<Merged, PlanError> {
+    let read = read(dir)?;
+    let cluster = match cluster {
+        Some(c) => {
+            if !read.cluster_ids().contains(&c) && !read.config.clusters.contains_key(c) {
+                return Err(PlanError::UnknownCluster {
+                    cluster: c.clone(),
+                    dir: dir.to_owned(),
+                });
+            }
+            c.clone()
+        }
+        None => read
+            .cluster_ids()
+            .first()
+            .map(|c| (*c).clone())
+            .ok_or_else(|| PlanError::NoClusters {
+                dir: dir.to_owned(),
+            })?,
+    };
+    let existing = current_imports
+        .unwrap_or_else(|| read.imports.get(&cluster).map(Vec::as_slice).unwrap_or(&[]));
+    let merge = merge::merge(&read.snapshots, &read.config, &cluster, existing);
+    Ok(Merged {
+        cluster,
+        merge,
+        manifest_errors: read.errors,
+        sources: read.sources,
+    })
 }

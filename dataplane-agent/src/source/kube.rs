@@ -31,15 +31,15 @@ use serde::de::DeserializeOwned;
 use tokio::{sync::Notify, task::JoinHandle, time::Instant};
 use tracing::{debug, info, warn};
 
-use crate::{
-    lb::inputs::{Change, strip_import, strip_slice},
+use crate::{source::feed::ChangeSender, telemetry::metrics::Metrics};
+use dataplane_core::{
+    lb::inputs::{Change, import_input, slice_input},
     merge::ClusterSnapshot,
     model::{
-        ClusterId, EndpointSlice, LABEL_APP_MANAGED_BY, LABEL_K8S_SERVICE_NAME, LABEL_MANAGED_BY,
-        LABEL_SERVICE_NAME, MANAGED_BY, Service, ServiceExport, ServiceImport,
+        ClusterId, EndpointSlice, Interner, LABEL_APP_MANAGED_BY, LABEL_K8S_SERVICE_NAME,
+        LABEL_MANAGED_BY, LABEL_SERVICE_NAME, MANAGED_BY, NamespacedName, Service, ServiceExport,
+        ServiceImport, resource_version,
     },
-    roles::node::ChangeSender,
-    telemetry::metrics::Metrics,
 };
 
 /// Aborts a task when dropped: the watchers of a role live exactly as long as the role.
@@ -50,16 +50,6 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
-}
-
-/// The numeric value of a resourceVersion (etcd revisions are increasing integers; 0 when it is
-/// not a number).
-pub fn rv_of<K: Resource>(obj: &K) -> u64 {
-    obj.meta()
-        .resource_version
-        .as_deref()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// A reflector's store, with the highest resourceVersion it has seen and whether its first list
@@ -112,7 +102,7 @@ where
     let stream = watcher(api, config).default_backoff().reflect(writer);
     let task = tokio::spawn(stream.for_each(move |event| {
         let bump = |o: &K| {
-            wm.fetch_max(rv_of(o), Ordering::AcqRel);
+            wm.fetch_max(resource_version(o.meta()), Ordering::AcqRel);
         };
         match &event {
             Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o) | watcher::Event::InitApply(o)) => {
@@ -283,13 +273,11 @@ impl MemberWatch {
     }
 
     /// The member's objects as the merge takes them.
-    pub fn snapshot(&self) -> ClusterSnapshot {
-        ClusterSnapshot {
-            cluster: self.cluster.clone(),
-            services: owned(self.services.objects()),
-            service_exports: owned(self.exports.objects()),
-            endpoint_slices: owned(self.slices.objects()),
-        }
+    pub fn snapshot(&self, names: &Interner) -> ClusterSnapshot {
+        let services: Vec<Service> = owned(self.services.objects());
+        let exports: Vec<ServiceExport> = owned(self.exports.objects());
+        let slices: Vec<EndpointSlice> = owned(self.slices.objects());
+        ClusterSnapshot::from_k8s(self.cluster.clone(), &services, &exports, &slices, names)
     }
 }
 
@@ -353,44 +341,46 @@ impl LocalWrites {
 /// imported EndpointSlices (label `multicluster.kubernetes.io/service-name`) to the node on
 /// `tx`, one watch event at a time, until the node is gone.
 ///
-/// There is no reflector store here: the node's [`InputIndex`](crate::lb::inputs::InputIndex)
-/// is the store (one copy of each object, shared by `Arc`, filed by service), and each event
-/// names the object that changed, so the node updates the one service it belongs to. Objects
-/// are stripped to what the lb table reads before they are kept ([`strip_import`],
-/// [`strip_slice`]). A watch's first list and every re-list (after 410 Gone) are collected
-/// until `InitDone` and sent as one complete list, which prunes what was deleted meanwhile;
-/// the node writes nothing before it has both first lists, so nothing is pruned after a
-/// restart before they are complete. An API server that goes away leaves the last state in
-/// place (the watcher backs off and resumes).
+/// There is no reflector store here: the node's [`InputIndex`](dataplane_core::lb::inputs::InputIndex)
+/// is the store, and each event names the object that changed, so the node updates the one
+/// service it belongs to. Objects are converted into compact records as they arrive
+/// ([`import_input`], [`slice_input`]) and the API objects dropped. A watch's first list and
+/// every re-list (after 410 Gone) are collected until `InitDone` and sent as one complete list,
+/// which prunes what was deleted meanwhile; the node writes nothing before it has both first
+/// lists, so nothing is pruned after a restart before they are complete. An API server that
+/// goes away leaves the last state in place (the watcher backs off and resumes).
 pub async fn watch_node_inputs(
     cluster: ClusterId,
     client: Client,
     metrics: Arc<Metrics>,
     tx: ChangeSender,
 ) {
-    let imports = forward::<ServiceImport>(
+    let names = Arc::new(Interner::new());
+    let imports = forward::<ServiceImport, _>(
         Api::all(client.clone()),
         watcher::Config::default(),
         &cluster,
         "serviceimports/node",
         metrics.clone(),
         tx.clone(),
-        strip_import,
+        names.clone(),
         Kind {
+            convert: import_input,
             list: Change::Imports,
             apply: Change::Import,
             delete: Change::ImportDeleted,
         },
     );
-    let slices = forward::<EndpointSlice>(
+    let slices = forward::<EndpointSlice, _>(
         Api::all(client),
         watcher::Config::default().labels(LABEL_SERVICE_NAME),
         &cluster,
         "endpointslices/node",
         metrics,
         tx,
-        strip_slice,
+        names,
         Kind {
+            convert: slice_input,
             list: Change::Slices,
             apply: Change::Slice,
             delete: Change::SliceDeleted,
@@ -400,33 +390,34 @@ pub async fn watch_node_inputs(
 }
 
 /// How the events of one kind become [`Change`]s.
-struct Kind<K> {
-    list: fn(Vec<Arc<K>>) -> Change,
-    apply: fn(Arc<K>) -> Change,
-    delete: fn(Arc<K>) -> Change,
+struct Kind<K, T> {
+    convert: fn(&K, &Interner) -> T,
+    list: fn(Vec<T>) -> Change,
+    apply: fn(T) -> Change,
+    delete: fn(NamespacedName) -> Change,
 }
 
 /// Watches one kind and sends its events as changes until `tx` is closed. Errors are counted
 /// as `mcs_watch_restarts_total{cluster, resource}` and logged; the watcher backs off and
 /// resumes (or re-lists).
 #[allow(clippy::too_many_arguments)]
-async fn forward<K>(
+async fn forward<K, T>(
     api: Api<K>,
     config: watcher::Config,
     cluster: &ClusterId,
     resource: &'static str,
     metrics: Arc<Metrics>,
     tx: ChangeSender,
-    strip: fn(&mut K),
-    kind: Kind<K>,
+    names: Arc<Interner>,
+    kind: Kind<K, T>,
 ) where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
 {
     let cluster = cluster.to_string();
-    let stream = watcher(api, config).modify(strip).default_backoff();
+    let stream = watcher(api, config).default_backoff();
     futures::pin_mut!(stream);
     // The objects of a list in progress (between Init and InitDone).
-    let mut listing: Vec<Arc<K>> = Vec::new();
+    let mut listing: Vec<T> = Vec::new();
     loop {
         let event = tokio::select! {
             event = stream.next() => event,
@@ -439,15 +430,17 @@ async fn forward<K>(
                 None
             }
             Ok(watcher::Event::InitApply(o)) => {
-                listing.push(Arc::new(o));
+                listing.push((kind.convert)(&o, &names));
                 None
             }
             Ok(watcher::Event::InitDone) => {
                 debug!(cluster = %cluster, resource, objects = listing.len(), "list complete");
-                Some((kind.list)(std::mem::take(&mut listing)))
+                let change = (kind.list)(std::mem::take(&mut listing));
+                names.purge();
+                Some(change)
             }
-            Ok(watcher::Event::Apply(o)) => Some((kind.apply)(Arc::new(o))),
-            Ok(watcher::Event::Delete(o)) => Some((kind.delete)(Arc::new(o))),
+            Ok(watcher::Event::Apply(o)) => Some((kind.apply)((kind.convert)(&o, &names))),
+            Ok(watcher::Event::Delete(o)) => Some((kind.delete)(NamespacedName::of(o.meta()))),
             Err(e) => {
                 metrics.watch_restart(&cluster, resource);
                 warn!(cluster = %cluster, resource, error = %e, "watch failed; backing off and resuming");

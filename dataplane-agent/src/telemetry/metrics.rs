@@ -207,18 +207,7 @@ impl Metrics {
 
     /// Sets the conflict gauges from (reason, count) pairs; reasons not given drop to 0.
     pub fn set_conflicts(&self, counts: &std::collections::BTreeMap<String, i64>) {
-        use crate::merge::conditions::ConflictReason::*;
-        for r in [
-            Port,
-            IpFamily,
-            Type,
-            SessionAffinity,
-            SessionAffinityConfig,
-            InternalTrafficPolicy,
-            TrafficDistribution,
-            Labels,
-            Annotations,
-        ] {
+        for r in dataplane_core::merge::conditions::ConflictReason::ALL {
             let n = counts.get(r.as_str()).copied().unwrap_or(0);
             self.conflicts
                 .get_or_create(&ReasonLabels {

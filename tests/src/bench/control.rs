@@ -13,15 +13,15 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use dataplane_agent::{
-    bpf::{
-        kernel::KernelMaps,
-        loader::{self, LoaderConfig},
-        sync::{FeAddr, MapSync},
-    },
+use dataplane_agent::bpf::{
+    kernel::KernelMaps,
+    loader::{self, LoaderConfig},
+    sync::{FeAddr, MapSync},
+};
+use dataplane_core::{
     lb::{self, FrontendAddr, LbTable, Protocol},
-    merge::{self, ClusterSetConfig, MergePlan},
-    model::{EndpointSlice, LABEL_SOURCE_CLUSTER, NamespacedName},
+    merge::{self, ClusterSetConfig, MergeOutput},
+    model::{EndpointSlice, NamespacedName},
     synthetic::{self, Shape},
 };
 use serde::Serialize;
@@ -139,17 +139,17 @@ pub fn run(opts: &ControlOptions) -> anyhow::Result<ControlReport> {
     Ok(report)
 }
 
-fn importing() -> dataplane_agent::model::ClusterId {
+fn importing() -> dataplane_core::model::ClusterId {
     synthetic::cluster_id(0)
 }
 
-fn plan_for(shape: Shape) -> MergePlan {
+fn plan_for(shape: Shape) -> MergeOutput {
     let snapshots = synthetic::member_snapshots(shape);
     merge::merge(&snapshots, &ClusterSetConfig::default(), &importing(), &[])
 }
 
 /// Times `runs` full merges and lb builds; returns the last plan and table too.
-fn merge_and_build(shape: Shape, runs: usize) -> (MergeTiming, MergePlan, LbTable) {
+fn merge_and_build(shape: Shape, runs: usize) -> (MergeTiming, MergeOutput, LbTable) {
     let snapshots = synthetic::member_snapshots(shape);
     let config = ClusterSetConfig::default();
     let (mut merges, mut builds, mut totals) = (Vec::new(), Vec::new(), Vec::new());
@@ -160,7 +160,7 @@ fn merge_and_build(shape: Shape, runs: usize) -> (MergeTiming, MergePlan, LbTabl
         let started = Instant::now();
         let plan = merge::merge(&snapshots, &config, &importing(), &[]);
         let merged = started.elapsed();
-        let table = lb::build(&plan.service_imports, &plan.endpoint_slices);
+        let table = lb::build_records(&plan.service_imports, &plan.endpoint_slices);
         let total = started.elapsed();
         merges.push(ms(merged));
         builds.push(ms(total - merged));
@@ -235,7 +235,7 @@ pub fn datapath_shape(services: usize) -> Shape {
 fn map_change(services: usize, samples: usize) -> anyhow::Result<MapChange> {
     let shape = datapath_shape(services);
     let plan = plan_for(shape);
-    let mut table = lb::build(&plan.service_imports, &plan.endpoint_slices);
+    let mut table = lb::build_records(&plan.service_imports, &plan.endpoint_slices);
     drop(plan);
     let topo = Topology::new(&[])?;
     let cfg = loader_for(&topo, table.frontends.len(), backend_count(&table));
@@ -298,17 +298,14 @@ fn memory_of(pid: u32) -> anyhow::Result<(f64, f64)> {
 }
 
 /// The first port's frontend of each service, by service.
-fn first_frontends(plan: &MergePlan) -> BTreeMap<NamespacedName, FeAddr> {
+fn first_frontends(plan: &MergeOutput) -> BTreeMap<NamespacedName, FeAddr> {
     let mut out = BTreeMap::new();
     for import in &plan.service_imports {
-        let (Some(ip), Some(port)) = (
-            import.spec.ips.first().and_then(|ip| ip.parse().ok()),
-            import.spec.ports.first(),
-        ) else {
+        let (Some(&ip), Some(port)) = (import.ips.first(), import.ports.first()) else {
             continue;
         };
         out.insert(
-            NamespacedName::of(&import.metadata),
+            import.service.clone(),
             FeAddr::Port(FrontendAddr {
                 ip,
                 port: port.port as u16,
@@ -324,17 +321,17 @@ fn first_frontends(plan: &MergePlan) -> BTreeMap<NamespacedName, FeAddr> {
 /// times `changes` EndpointSlice edits from the API write to the map write.
 fn event_to_map(
     shape: Shape,
-    plan: &MergePlan,
+    plan: &MergeOutput,
     changes: usize,
 ) -> anyhow::Result<(EventToMap, Rss)> {
     let topo = Topology::new(&[])?;
     let rt = tokio::runtime::Runtime::new()?;
     let server = rt.block_on(FakeApiServer::start())?;
     for import in &plan.service_imports {
-        server.put(import);
+        server.put(&import.to_k8s());
     }
     for slice in &plan.endpoint_slices {
-        server.put(slice);
+        server.put(&slice.to_k8s());
     }
     let kubeconfig_path = topo.dir.join("kubeconfig");
     std::fs::write(&kubeconfig_path, server.kubeconfig())?;
@@ -347,7 +344,7 @@ fn event_to_map(
             importing()
         ),
     )?;
-    let table = lb::build(&plan.service_imports, &plan.endpoint_slices);
+    let table = lb::build_records(&plan.service_imports, &plan.endpoint_slices);
     let caps = loader_for(&topo, table.frontends.len(), backend_count(&table));
     drop(table);
     let arg = |v: u32| v.to_string();
@@ -404,13 +401,7 @@ fn event_to_map(
     let mut slices: Vec<(NamespacedName, EndpointSlice)> = plan
         .endpoint_slices
         .iter()
-        .filter_map(|s| {
-            let labels = s.metadata.labels.as_ref()?;
-            labels.get(LABEL_SOURCE_CLUSTER)?;
-            let service = labels.get(dataplane_agent::model::LABEL_SERVICE_NAME)?;
-            let ns = s.metadata.namespace.clone()?;
-            Some((NamespacedName::new(ns, service.clone()), s.clone()))
-        })
+        .map(|s| (s.service.clone(), s.to_k8s()))
         .collect();
     let mut rng = fastrand::Rng::with_seed(7);
     let mut latencies = Vec::with_capacity(changes);

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use dataplane_agent::synthetic::Shape;
+use dataplane_core::synthetic::Shape;
 use serde::Serialize;
 
 use super::{

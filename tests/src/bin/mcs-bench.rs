@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::Context as _;
 use clap::Parser;
-use dataplane_agent::synthetic::Shape;
+use dataplane_core::synthetic::Shape;
 use tests::bench::{
     control::{self, ControlOptions},
     datapath::{self, DatapathOptions, Mode, Proto},

@@ -15,11 +15,11 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use dataplane_agent::{
+use dataplane_agent::source::clusterset_dir;
+use dataplane_core::{
     lb::Protocol,
     merge::conditions::{ConditionStatus, ConditionType},
     model::ClusterId,
-    plan,
 };
 use tests::{agent::Agent, clusterset, netns::Topology, probe::by_cluster};
 
@@ -79,7 +79,7 @@ fn demo() -> anyhow::Result<()> {
         bail!("{} has no cluster directories", args.dir.display());
     };
     let importing_id = ClusterId::new(importing.clone())?;
-    let plan = plan::compute(&args.dir, Some(&importing_id))?;
+    let plan = clusterset_dir::plan(&args.dir, Some(&importing_id))?;
 
     println!(
         "ClusterSet {} with clusters {}",
@@ -124,7 +124,7 @@ fn demo() -> anyhow::Result<()> {
 
     // Conflicts and invalid exports, per service, as the merge reported them.
     let mut notes: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for e in &plan.merge.export_statuses {
+    for e in &plan.merged.merge.export_statuses {
         let service = format!("{}/{}", e.service.namespace, e.service.name);
         for c in &e.conditions {
             let bad = match c.type_ {
@@ -235,7 +235,7 @@ fn demo() -> anyhow::Result<()> {
         report.display()
     );
     let mut seen = BTreeSet::new();
-    for e in &plan.merge.export_statuses {
+    for e in &plan.merged.merge.export_statuses {
         for c in &e.conditions {
             let service = format!("{}/{}", e.service.namespace, e.service.name);
             let interesting = (c.type_ == ConditionType::Conflict

@@ -20,12 +20,13 @@ use std::collections::BTreeMap;
 
 use super::conditions::ConflictReason;
 use super::exports::Export;
-use crate::lb::DEFAULT_AFFINITY_TIMEOUT_S;
-use crate::model::{ClientIpConfig, ClusterId, ServiceImportType, SessionAffinityConfig};
+use crate::model::{
+    ClientIpConfig, ClusterId, DEFAULT_AFFINITY_TIMEOUT_S, ServiceImportType, SessionAffinityConfig,
+};
 
 /// The normalised properties of one export.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Winner {
+pub(crate) struct Winner {
     pub type_: ServiceImportType,
     pub session_affinity: String,
     pub session_affinity_config: Option<SessionAffinityConfig>,
@@ -37,7 +38,7 @@ pub struct Winner {
 
 /// The properties of one service: the winner and the contested fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Properties {
+pub(crate) struct Properties {
     pub winner: Winner,
     pub winner_cluster: Option<ClusterId>,
     /// (reason, message) per contested field.
@@ -59,14 +60,10 @@ struct View<'a> {
 }
 
 fn view<'a>(e: &'a Export<'_>) -> View<'a> {
-    let spec = e.service.spec.as_ref();
-    let session_affinity = spec
-        .and_then(|s| s.session_affinity.as_deref())
-        .unwrap_or("None");
+    let svc = e.service;
+    let session_affinity = svc.session_affinity.as_deref().unwrap_or("None");
     let timeout = (session_affinity == "ClientIP").then(|| {
-        spec.and_then(|s| s.session_affinity_config.as_ref())
-            .and_then(|c| c.client_ip.as_ref())
-            .and_then(|c| c.timeout_seconds)
+        svc.affinity_timeout
             .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_S as i32)
     });
     View {
@@ -77,10 +74,8 @@ fn view<'a>(e: &'a Export<'_>) -> View<'a> {
         },
         session_affinity,
         timeout,
-        internal_traffic_policy: spec
-            .and_then(|s| s.internal_traffic_policy.as_deref())
-            .unwrap_or("Cluster"),
-        traffic_distribution: spec.and_then(|s| s.traffic_distribution.as_deref()),
+        internal_traffic_policy: svc.internal_traffic_policy.as_deref().unwrap_or("Cluster"),
+        traffic_distribution: svc.traffic_distribution.as_deref(),
         labels: &e.spec.exported_labels,
         annotations: &e.spec.exported_annotations,
     }
@@ -104,11 +99,6 @@ impl View<'_> {
     }
 }
 
-/// The normalised properties of an export.
-pub fn of(e: &Export<'_>) -> Winner {
-    view(e).to_winner()
-}
-
 fn same_distribution(a: Option<&str>, b: Option<&str>) -> bool {
     fn canon(v: Option<&str>) -> Option<&str> {
         match v {
@@ -121,7 +111,7 @@ fn same_distribution(a: Option<&str>, b: Option<&str>) -> bool {
 
 /// Merges the properties of `exports` (oldest first). Every valid export takes part in the
 /// comparison, including those the family merge left out.
-pub fn merge(exports: &[Export<'_>]) -> Properties {
+pub(crate) fn merge(exports: &[Export<'_>]) -> Properties {
     let all: Vec<View<'_>> = exports.iter().map(view).collect();
     let Some(w) = all.first().copied() else {
         return Properties {

@@ -89,15 +89,39 @@ fn meta(name: &str) -> ObjectMeta {
 /// Every member's Services, ServiceExports and EndpointSlices. Cluster `c`'s exports are
 /// created `c` seconds after cluster 0's, so precedence is by cluster index.
 pub fn member_snapshots(shape: Shape) -> Vec<ClusterSnapshot> {
-    (0..shape.clusters).map(|c| snapshot(shape, c)).collect()
+    let names = crate::model::Interner::new();
+    (0..shape.clusters)
+        .map(|c| {
+            let objects = member_objects(shape, c);
+            ClusterSnapshot::from_k8s(
+                cluster_id(c),
+                &objects.services,
+                &objects.service_exports,
+                &objects.endpoint_slices,
+                &names,
+            )
+        })
+        .collect()
 }
 
-fn snapshot(shape: Shape, c: usize) -> ClusterSnapshot {
+/// One member's API objects.
+pub struct MemberObjects {
+    /// Its Services.
+    pub services: Vec<Service>,
+    /// Its ServiceExports.
+    pub service_exports: Vec<ServiceExport>,
+    /// Its local EndpointSlices.
+    pub endpoint_slices: Vec<EndpointSlice>,
+}
+
+/// Cluster `c`'s API objects.
+pub fn member_objects(shape: Shape, c: usize) -> MemberObjects {
     let ports = &PORTS[..shape.ports.clamp(1, PORTS.len())];
-    let mut snap = ClusterSnapshot::empty(cluster_id(c));
-    snap.services.reserve(shape.services);
-    snap.service_exports.reserve(shape.services);
-    snap.endpoint_slices.reserve(shape.services);
+    let mut snap = MemberObjects {
+        services: Vec::with_capacity(shape.services),
+        service_exports: Vec::with_capacity(shape.services),
+        endpoint_slices: Vec::with_capacity(shape.services),
+    };
     for s in 0..shape.services {
         let name = service_name(s);
         snap.services.push(Service {
@@ -187,7 +211,7 @@ mod tests {
             &[],
         );
         assert_eq!(plan.service_imports.len(), 30);
-        let table = lb::build(&plan.service_imports, &plan.endpoint_slices);
+        let table = lb::build_records(&plan.service_imports, &plan.endpoint_slices);
         assert_eq!(table.frontends.len(), 30 * 2);
         assert!(table.frontends.values().all(|f| f.backends.len() == 3 * 4));
         let one_port = member_snapshots(Shape { ports: 1, ..shape });
@@ -197,7 +221,7 @@ mod tests {
             &cluster_id(0),
             &[],
         );
-        let table = lb::build(&plan.service_imports, &plan.endpoint_slices);
+        let table = lb::build_records(&plan.service_imports, &plan.endpoint_slices);
         assert_eq!(table.frontends.len(), 30);
     }
 }

@@ -10,8 +10,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use proptest::prelude::*;
 
 use super::*;
-use crate::model::{LABEL_K8S_SERVICE_NAME, ServiceExportSpec};
-use crate::source::manifests::{Manifest, parse_documents};
+use crate::manifest::parse_documents;
+use crate::model::{
+    Interner, LABEL_K8S_SERVICE_NAME, ObjectMeta, ServiceExportSpec,
+    member::ExportRecord,
+    records::{ImportRecord, ImportedSlice},
+};
 
 const NAMES: &[&str] = &["web", "db", "api", "web-a"];
 
@@ -208,7 +212,7 @@ fn arb_config() -> impl Strategy<Value = ClusterSetConfig> {
         })
 }
 
-fn arb_existing() -> impl Strategy<Value = Vec<ServiceImport>> {
+fn arb_existing() -> impl Strategy<Value = Vec<ImportRecord>> {
     prop::collection::vec(
         (
             prop::sample::select(NAMES.to_vec()),
@@ -225,11 +229,13 @@ fn arb_existing() -> impl Strategy<Value = Vec<ServiceImport>> {
             ),
         )
             .prop_map(|(name, ips)| {
-                let mut si = ServiceImport::default();
+                let mut si = crate::model::ServiceImport::default();
                 si.metadata.name = Some(name.into());
                 si.metadata.namespace = Some("demo".into());
                 si.spec.ips = ips.into_iter().map(str::to_owned).collect();
-                si
+                ImportRecord::from_k8s(&si, &Interner::new(), false)
+                    .record
+                    .expect("an import always converts")
             }),
         0..4,
     )
@@ -238,7 +244,7 @@ fn arb_existing() -> impl Strategy<Value = Vec<ServiceImport>> {
 type Case = (
     Vec<(Vec<Service>, Vec<ServiceExport>, Vec<EndpointSlice>)>,
     ClusterSetConfig,
-    Vec<ServiceImport>,
+    Vec<ImportRecord>,
 );
 
 fn arb_case() -> impl Strategy<Value = Case> {
@@ -255,11 +261,14 @@ fn snapshots(
     clusters
         .iter()
         .enumerate()
-        .map(|(i, (s, e, sl))| ClusterSnapshot {
-            cluster: ClusterId::new(format!("c{i}")).expect("id"),
-            services: s.clone(),
-            service_exports: e.clone(),
-            endpoint_slices: sl.clone(),
+        .map(|(i, (s, e, sl))| {
+            ClusterSnapshot::from_k8s(
+                ClusterId::new(format!("c{i}")).expect("id"),
+                s,
+                e,
+                sl,
+                &Interner::new(),
+            )
         })
         .collect()
 }
@@ -305,18 +314,17 @@ proptest! {
         // Every ClusterSetIP import that is ready has one IP per family, in order.
         for si in &first.service_imports {
             let ready = si.status.as_ref().is_some_and(|s| s.conditions.iter().all(|c| c.status == "True"));
-            prop_assert!(!si.spec.ip_families.is_empty());
-            if si.spec.type_ == crate::model::ServiceImportType::ClusterSetIP && ready {
-                prop_assert_eq!(si.spec.ips.len(), si.spec.ip_families.len());
-                for (ip, f) in si.spec.ips.iter().zip(&si.spec.ip_families) {
-                    let ip: std::net::IpAddr = ip.parse().expect("ip");
-                    prop_assert_eq!(IpFamily::of(&ip), *f);
+            prop_assert!(!si.ip_families.is_empty());
+            if si.type_ == crate::model::ServiceImportType::ClusterSetIP && ready {
+                prop_assert_eq!(si.ips.len(), si.ip_families.len());
+                for (ip, f) in si.ips.iter().zip(&si.ip_families) {
+                    prop_assert_eq!(IpFamily::of(ip), *f);
                 }
             } else {
-                prop_assert!(si.spec.ips.is_empty());
+                prop_assert!(si.ips.is_empty());
             }
         }
-        let _ = crate::lb::build(&first.service_imports, &first.endpoint_slices);
+        let _ = crate::lb::build_records(&first.service_imports, &first.endpoint_slices);
     }
 
     /// Every list of the plan is in its documented order: imports and slices by
@@ -326,9 +334,9 @@ proptest! {
         let snaps = snapshots(&clusters);
         let importing = ClusterId::new("c0").expect("id");
         let plan = merge(&snaps, &cfg, &importing, &existing);
-        let key = |m: &ObjectMeta| (m.namespace.clone(), m.name.clone());
-        prop_assert!(plan.service_imports.windows(2).all(|w| key(&w[0].metadata) < key(&w[1].metadata)));
-        prop_assert!(plan.endpoint_slices.windows(2).all(|w| key(&w[0].metadata) < key(&w[1].metadata)));
+        prop_assert!(plan.service_imports.windows(2).all(|w| w[0].service < w[1].service));
+        let key = |s: &ImportedSlice| (s.service.namespace.clone(), s.name.clone());
+        prop_assert!(plan.endpoint_slices.windows(2).all(|w| key(&w[0]) < key(&w[1])));
         prop_assert!(plan
             .export_statuses
             .windows(2)
@@ -341,19 +349,15 @@ proptest! {
         for (i, text) in texts.iter().enumerate() {
             let mut snap = ClusterSnapshot::empty(ClusterId::new(format!("c{i}")).expect("id"));
             let (objects, _errors) = parse_documents(text, Path::new("fuzz.yaml"));
+            let names = Interner::new();
             for m in objects {
-                match m {
-                    Manifest::Service(s) => snap.services.push(*s),
-                    Manifest::ServiceExport(s) => snap.service_exports.push(*s),
-                    Manifest::EndpointSlice(s) => snap.endpoint_slices.push(*s),
-                    Manifest::ServiceImport(_) => {}
-                }
+                snap.add_manifest(m, &names);
             }
             snaps.push(snap);
         }
         let importing = ClusterId::new("c0").expect("id");
         let plan = merge(&snaps, &ClusterSetConfig::default(), &importing, &[]);
-        let _ = crate::lb::build(&plan.service_imports, &plan.endpoint_slices);
+        let _ = crate::lb::build_records(&plan.service_imports, &plan.endpoint_slices);
     }
 }
 
@@ -443,17 +447,13 @@ endpoints:
     let (objects, errors) = parse_documents(text, Path::new("t.yaml"));
     assert!(errors.is_empty(), "{errors:?}");
     let mut snap = ClusterSnapshot::empty(c1.clone());
+    let names = Interner::new();
     for m in objects {
-        match m {
-            Manifest::Service(s) => snap.services.push(*s),
-            Manifest::ServiceExport(s) => snap.service_exports.push(*s),
-            Manifest::EndpointSlice(s) => snap.endpoint_slices.push(*s),
-            Manifest::ServiceImport(_) => {}
-        }
+        snap.add_manifest(m, &names);
     }
     let plan = merge(&[snap], &ClusterSetConfig::default(), &c1, &[]);
     assert_eq!(plan.endpoint_slices.len(), 1);
-    let eps = &plan.endpoint_slices[0].endpoints;
+    let eps = &plan.endpoint_slices[0].to_k8s().endpoints;
     // Sorted by address; the IPv6 address of an IPv4 slice is dropped (and reported).
     assert_eq!(eps[0].addresses, vec!["10.0.0.1"]);
     assert_eq!(
@@ -476,18 +476,17 @@ endpoints:
     // nodeName is not a property of the importing cluster.
     assert!(eps[1].node_name.is_none());
     assert_eq!(plan.diagnostics.len(), 1, "{:?}", plan.diagnostics);
-    assert_eq!(
-        plan.endpoint_slices[0].metadata.name.as_deref(),
-        Some("web-c1-ipv4")
-    );
+    assert_eq!(&*plan.endpoint_slices[0].name, "web-c1-ipv4");
 }
 
 #[test]
 fn duplicate_cluster_snapshots_are_combined_and_reported() {
     let c1 = ClusterId::new("c1").expect("id");
     let mut a = ClusterSnapshot::empty(c1.clone());
-    a.service_exports
-        .push(ServiceExport::new("web", ServiceExportSpec::default()));
+    a.service_exports.push(Arc::new(ExportRecord::from_k8s(
+        &ServiceExport::new("web", ServiceExportSpec::default()),
+        &Interner::new(),
+    )));
     let b = ClusterSnapshot::empty(c1.clone());
     let plan = merge(&[a, b], &ClusterSetConfig::default(), &c1, &[]);
     assert_eq!(plan.export_statuses.len(), 1);
@@ -526,25 +525,17 @@ endpoints: [{{addresses: [10.0.0.1]}}]
     let (objects, errors) = parse_documents(&text, Path::new("t.yaml"));
     assert!(errors.is_empty(), "{errors:?}");
     let mut snap = ClusterSnapshot::empty(c1.clone());
+    let names = Interner::new();
     for m in objects {
-        match m {
-            Manifest::Service(s) => snap.services.push(*s),
-            Manifest::ServiceExport(s) => snap.service_exports.push(*s),
-            Manifest::EndpointSlice(s) => snap.endpoint_slices.push(*s),
-            Manifest::ServiceImport(_) => {}
-        }
+        snap.add_manifest(m, &names);
     }
     let plan = merge(&[snap], &ClusterSetConfig::default(), &c1, &[]);
-    let names: Vec<&str> = plan
-        .endpoint_slices
-        .iter()
-        .filter_map(|s| s.metadata.name.as_deref())
-        .collect();
+    let names: Vec<&str> = plan.endpoint_slices.iter().map(|s| &*s.name).collect();
     assert_eq!(names, vec!["web-a-c1-ipv4", "web-c1-ipv4"]);
     let imports: Vec<&str> = plan
         .service_imports
         .iter()
-        .filter_map(|s| s.metadata.name.as_deref())
+        .map(|s| &*s.service.name)
         .collect();
     assert_eq!(imports, vec!["web", "web-a"]);
 }

@@ -16,8 +16,6 @@
 //! `PortConflict`.) Only those clusters' endpoints carry the port in the imported
 //! EndpointSlices, which is what restricts traffic to clusters that declare the port.
 
-use std::collections::BTreeSet;
-
 use super::MergedPort;
 use super::exports::Export;
 use crate::model::{ClusterId, ServicePort};
@@ -44,7 +42,7 @@ pub fn same_l4(a: &ServicePort, b: &ServicePort) -> bool {
 
 /// A port of a newer export that lost to an older definition.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Dropped {
+pub(crate) struct Dropped {
     pub port: ServicePort,
     pub cluster: ClusterId,
     /// The older port it collided with, and its cluster.
@@ -54,16 +52,9 @@ pub struct Dropped {
 
 /// The merged ports of one service.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct MergedPorts {
+pub(crate) struct MergedPorts {
     pub merged: Vec<MergedPort>,
     pub dropped: Vec<Dropped>,
-}
-
-impl MergedPorts {
-    /// The merged ports as a set of keys, to compare each export's ports against.
-    pub fn key_set(&self) -> BTreeSet<PortKeyRef<'_>> {
-        self.merged.iter().map(|m| key_ref(&m.port)).collect()
-    }
 }
 
 /// Shows a port as `"name" 80/TCP` (plus the appProtocol when set).
@@ -81,7 +72,7 @@ pub fn show(p: &ServicePort) -> String {
 }
 
 /// Merges the ports of `exports` (oldest first).
-pub fn merge(exports: &[&Export<'_>]) -> MergedPorts {
+pub(crate) fn merge(exports: &[&Export<'_>]) -> MergedPorts {
     let mut out = MergedPorts::default();
     // The cluster each merged port came from, for the messages.
     let mut origin: Vec<&ClusterId> = Vec::new();
@@ -128,7 +119,6 @@ pub fn merge(exports: &[&Export<'_>]) -> MergedPorts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Service, ServiceExportSpec};
 
     fn port(spec: &str) -> ServicePort {
         // name:port/PROTO[/app]
@@ -149,8 +139,8 @@ mod tests {
         let ids: Vec<ClusterId> = (1..=inputs.len())
             .map(|i| ClusterId::new(format!("c{i}")).expect("id"))
             .collect();
-        let svc = Service::default();
-        let spec = ServiceExportSpec::default();
+        let svc = crate::model::member::ServiceRecord::default();
+        let spec = crate::model::member::ExportRecord::default();
         let exports: Vec<Export<'_>> = inputs
             .iter()
             .zip(&ids)

@@ -6,86 +6,122 @@
 //! label for a slice) and names the services it touched, so the lb table and the maps are
 //! updated for those services only ([`super::LbState::update`]).
 //!
-//! Objects are shared (`Arc`), never copied: the index is the only store of the node's inputs.
+//! The objects arrive converted into compact records ([`ImportRecord`], [`ImportedSlice`]),
+//! shared (`Arc`), never copied: the index is the only store of the node's inputs.
 //! A complete list (the first list of a watch, a re-list after the watch was lost, a directory
 //! read) replaces everything of its kind: objects not in it are pruned, and the services whose
 //! objects differ are reported. The index is ready once it has had a complete list of both
 //! kinds; until then nothing may be pruned from the maps.
 
-use std::{
-    collections::{BTreeSet, HashSet},
-    hash::{Hash, Hasher},
-    sync::Arc,
-};
+use std::{collections::BTreeSet, sync::Arc};
 
 use foldhash::{HashMap, HashMapExt as _};
 
 use super::ServiceInputs;
-use crate::{
-    merge::exports::key,
-    model::{EndpointSlice, LABEL_SERVICE_NAME, NamespacedName, ServiceImport},
+use crate::model::{
+    EndpointSlice, Interner, NamespacedName, ServiceImport,
+    records::{Converted, ImportRecord, ImportedSlice},
 };
+
+/// An import as the node files it: its record and the warnings of its conversion.
+pub type ImportInput = Arc<Converted<ImportRecord>>;
+/// An imported slice as the node files it.
+pub type SliceInput = Arc<Converted<ImportedSlice>>;
 
 /// What changed in the node's inputs.
 #[derive(Clone, Debug)]
 pub enum Change {
     /// Every import and every slice (a directory read, a standalone merge).
     Snapshot {
-        imports: Vec<Arc<ServiceImport>>,
-        slices: Vec<Arc<EndpointSlice>>,
+        /// Every import.
+        imports: Vec<ImportInput>,
+        /// Every imported slice.
+        slices: Vec<SliceInput>,
     },
     /// The complete list of imports (a watch's first list or a re-list).
-    Imports(Vec<Arc<ServiceImport>>),
+    Imports(Vec<ImportInput>),
     /// The complete list of imported slices.
-    Slices(Vec<Arc<EndpointSlice>>),
+    Slices(Vec<SliceInput>),
     /// An import was added or modified.
-    Import(Arc<ServiceImport>),
-    /// An import was deleted (its last state).
-    ImportDeleted(Arc<ServiceImport>),
+    Import(ImportInput),
+    /// The import with this namespace/name was deleted.
+    ImportDeleted(NamespacedName),
     /// A slice was added or modified (possibly moved to another service by its label).
-    Slice(Arc<EndpointSlice>),
-    /// A slice was deleted (its last state).
-    SliceDeleted(Arc<EndpointSlice>),
+    Slice(SliceInput),
+    /// The slice with this namespace/name was deleted.
+    SliceDeleted(NamespacedName),
 }
 
-/// An import's service.
-pub fn import_service(si: &ServiceImport) -> NamespacedName {
-    NamespacedName::of(&si.metadata)
-}
-
-/// A slice's service, from its namespace and service-name label; `None` without the label.
-pub fn slice_service(slice: &EndpointSlice) -> Option<NamespacedName> {
-    let service = slice.metadata.labels.as_ref()?.get(LABEL_SERVICE_NAME)?;
-    Some(NamespacedName::new(
-        key(&slice.metadata).0,
-        service.as_str(),
-    ))
-}
-
-/// A slice, hashed and compared by namespace/name: finds the slice an event replaces.
-#[derive(Clone, Debug)]
-struct ByName(Arc<EndpointSlice>);
-
-impl PartialEq for ByName {
-    fn eq(&self, other: &Self) -> bool {
-        key(&self.0.metadata) == key(&other.0.metadata)
+impl Change {
+    /// Every import and slice as one change, converted with `names` (a directory read, a
+    /// merge's output).
+    pub fn snapshot<'a>(
+        imports: impl IntoIterator<Item = &'a ServiceImport>,
+        slices: impl IntoIterator<Item = &'a EndpointSlice>,
+        names: &Interner,
+    ) -> Change {
+        Change::Snapshot {
+            imports: imports
+                .into_iter()
+                .map(|si| import_input(si, names))
+                .collect(),
+            slices: slices.into_iter().map(|s| slice_input(s, names)).collect(),
+        }
     }
 }
 
-impl Eq for ByName {}
+/// A record the merge made, filed as the node files converted objects.
+pub fn record_input<T: Record>(record: T) -> Arc<Converted<T>> {
+    Arc::new(Converted {
+        id: record.id(),
+        service: Some(record.service().clone()),
+        record: Some(record),
+        warnings: Box::default(),
+    })
+}
 
-impl Hash for ByName {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        key(&self.0.metadata).hash(state)
+/// What the index needs to know of a record to file it.
+pub trait Record {
+    /// The object's namespace/name.
+    fn id(&self) -> NamespacedName;
+    /// The service it belongs to.
+    fn service(&self) -> &NamespacedName;
+}
+
+impl Record for ImportRecord {
+    fn id(&self) -> NamespacedName {
+        self.service.clone()
     }
+    fn service(&self) -> &NamespacedName {
+        &self.service
+    }
+}
+
+impl Record for ImportedSlice {
+    fn id(&self) -> NamespacedName {
+        NamespacedName::new(self.service.namespace.clone(), self.name.clone())
+    }
+    fn service(&self) -> &NamespacedName {
+        &self.service
+    }
+}
+
+/// A ServiceImport converted for the node (status, labels and annotations dropped).
+pub fn import_input(si: &ServiceImport, names: &Interner) -> ImportInput {
+    Arc::new(ImportRecord::from_k8s(si, names, false))
+}
+
+/// An imported EndpointSlice converted for the node.
+pub fn slice_input(slice: &EndpointSlice, names: &Interner) -> SliceInput {
+    Arc::new(ImportedSlice::from_k8s(slice, names))
 }
 
 /// The objects of one service.
 #[derive(Clone, Debug, Default)]
 struct ServiceObjects {
-    imports: Vec<Arc<ServiceImport>>,
+    imports: Vec<ImportInput>,
     /// Sorted by name, so two lists of the same slices compare equal.
-    slices: Vec<Arc<EndpointSlice>>,
+    slices: Vec<SliceInput>,
 }
 
 impl ServiceObjects {
@@ -101,17 +137,13 @@ fn same<T: PartialEq>(a: &[Arc<T>], b: &[Arc<T>]) -> bool {
             .all(|(x, y)| Arc::ptr_eq(x, y) || **x == **y)
 }
 
-fn slice_name(slice: &EndpointSlice) -> &str {
-    slice.metadata.name.as_deref().unwrap_or("")
-}
-
 /// The node's ServiceImports and imported EndpointSlices, by service.
 #[derive(Clone, Debug, Default)]
 pub struct InputIndex {
     services: HashMap<NamespacedName, ServiceObjects>,
     /// Every filed slice by namespace/name: where an update or delete finds the old version
     /// (and so the service it leaves when its label changed).
-    slices: HashSet<ByName, foldhash::fast::RandomState>,
+    slices: HashMap<NamespacedName, SliceInput>,
     imports_listed: bool,
     slices_listed: bool,
 }
@@ -127,6 +159,7 @@ impl InputIndex {
         self.services.keys()
     }
 
+    /// How many services have an import or a slice.
     pub fn service_count(&self) -> usize {
         self.services.len()
     }
@@ -152,15 +185,14 @@ impl InputIndex {
             Change::Imports(imports) => self.replace_imports(imports, dirty),
             Change::Slices(slices) => self.replace_slices(slices, dirty),
             Change::Import(si) => {
-                let service = import_service(&si);
+                let service = si.id.clone();
                 let objects = self.services.entry(service.clone()).or_default();
                 if !same(&objects.imports, std::slice::from_ref(&si)) {
                     objects.imports = vec![si];
                     dirty.insert(service);
                 }
             }
-            Change::ImportDeleted(si) => {
-                let service = import_service(&si);
+            Change::ImportDeleted(service) => {
                 if let Some(objects) = self.services.get_mut(&service)
                     && !objects.imports.is_empty()
                 {
@@ -170,34 +202,34 @@ impl InputIndex {
                 }
             }
             Change::Slice(slice) => {
-                if let Some(old) = self.slices.get(&ByName(slice.clone()))
-                    && (Arc::ptr_eq(&old.0, &slice) || *old.0 == *slice)
+                if let Some(old) = self.slices.get(&slice.id)
+                    && (Arc::ptr_eq(old, &slice) || **old == *slice)
                 {
                     return;
                 }
-                self.remove_slice(&slice, dirty);
-                if let Some(service) = slice_service(&slice) {
-                    self.slices.insert(ByName(slice.clone()));
+                self.remove_slice(&slice.id, dirty);
+                if let Some(service) = slice.service.clone() {
+                    self.slices.insert(slice.id.clone(), slice.clone());
                     let slices = &mut self.services.entry(service.clone()).or_default().slices;
-                    let at = slices.partition_point(|s| slice_name(s) <= slice_name(&slice));
+                    let at = slices.partition_point(|s| s.id.name <= slice.id.name);
                     slices.insert(at, slice);
                     dirty.insert(service);
                 }
             }
-            Change::SliceDeleted(slice) => self.remove_slice(&slice, dirty),
+            Change::SliceDeleted(id) => self.remove_slice(&id, dirty),
         }
     }
 
-    /// Unfiles the slice with `slice`'s namespace/name, if filed.
-    fn remove_slice(&mut self, slice: &Arc<EndpointSlice>, dirty: &mut BTreeSet<NamespacedName>) {
-        let Some(ByName(old)) = self.slices.take(&ByName(slice.clone())) else {
+    /// Unfiles the slice `id`, if filed.
+    fn remove_slice(&mut self, id: &NamespacedName, dirty: &mut BTreeSet<NamespacedName>) {
+        let Some(old) = self.slices.remove(id) else {
             return;
         };
-        let Some(service) = slice_service(&old) else {
+        let Some(service) = old.service.clone() else {
             return;
         };
         if let Some(objects) = self.services.get_mut(&service) {
-            objects.slices.retain(|s| slice_name(s) != slice_name(&old));
+            objects.slices.retain(|s| s.id.name != old.id.name);
             self.drop_if_empty(&service);
         }
         dirty.insert(service);
@@ -213,16 +245,12 @@ impl InputIndex {
         }
     }
 
-    fn replace_imports(
-        &mut self,
-        imports: Vec<Arc<ServiceImport>>,
-        dirty: &mut BTreeSet<NamespacedName>,
-    ) {
+    fn replace_imports(&mut self, imports: Vec<ImportInput>, dirty: &mut BTreeSet<NamespacedName>) {
         self.imports_listed = true;
-        let mut new: HashMap<NamespacedName, Vec<Arc<ServiceImport>>> =
+        let mut new: HashMap<NamespacedName, Vec<ImportInput>> =
             HashMap::with_capacity(imports.len());
         for si in imports {
-            new.entry(import_service(&si)).or_default().push(si);
+            new.entry(si.id.clone()).or_default().push(si);
         }
         let gone: Vec<NamespacedName> = self
             .services
@@ -237,7 +265,11 @@ impl InputIndex {
             self.drop_if_empty(&service);
             dirty.insert(service);
         }
-        for (service, imports) in new {
+        for (service, mut imports) in new {
+            // Duplicates (a directory defining one import twice) in a fixed order.
+            if imports.len() > 1 {
+                imports.sort_by_cached_key(|c| format!("{:?}", c.record));
+            }
             let objects = self.services.entry(service.clone()).or_default();
             if !same(&objects.imports, &imports) {
                 dirty.insert(service);
@@ -246,24 +278,20 @@ impl InputIndex {
         }
     }
 
-    fn replace_slices(
-        &mut self,
-        slices: Vec<Arc<EndpointSlice>>,
-        dirty: &mut BTreeSet<NamespacedName>,
-    ) {
+    fn replace_slices(&mut self, slices: Vec<SliceInput>, dirty: &mut BTreeSet<NamespacedName>) {
         self.slices_listed = true;
-        let mut by_name = HashSet::with_capacity_and_hasher(slices.len(), Default::default());
-        let mut new: HashMap<NamespacedName, Vec<Arc<EndpointSlice>>> = HashMap::new();
+        let mut by_name = HashMap::with_capacity(slices.len());
+        let mut new: HashMap<NamespacedName, Vec<SliceInput>> = HashMap::new();
         for slice in slices {
             // Slices without the label belong to no service (the sources select on it).
-            if let Some(service) = slice_service(&slice) {
-                by_name.insert(ByName(slice.clone()));
+            if let Some(service) = slice.service.clone() {
+                by_name.insert(slice.id.clone(), slice.clone());
                 new.entry(service).or_default().push(slice);
             }
         }
         self.slices = by_name;
         for list in new.values_mut() {
-            list.sort_by(|a, b| slice_name(a).cmp(slice_name(b)));
+            list.sort_by(|a, b| a.id.name.cmp(&b.id.name));
         }
         let gone: Vec<NamespacedName> = self
             .services
@@ -286,44 +314,5 @@ impl InputIndex {
             // The new objects even when equal: the index by name holds these.
             objects.slices = slices;
         }
-    }
-}
-
-/// Keeps only what identifies an object and what the lb table reads of its metadata: name,
-/// namespace, resourceVersion and the two MCS labels. Everything else (managedFields, other
-/// labels, annotations, owners) is dropped before an object is stored, to keep the node small.
-fn strip_meta(meta: &mut crate::model::ObjectMeta) {
-    use crate::model::LABEL_SOURCE_CLUSTER;
-    let labels = meta.labels.take().map(|mut labels| {
-        labels.retain(|k, _| k == LABEL_SERVICE_NAME || k == LABEL_SOURCE_CLUSTER);
-        labels
-    });
-    *meta = crate::model::ObjectMeta {
-        name: meta.name.take(),
-        namespace: meta.namespace.take(),
-        resource_version: meta.resource_version.take(),
-        labels: labels.filter(|l| !l.is_empty()),
-        ..Default::default()
-    };
-}
-
-/// Drops what the lb table does not read from a ServiceImport (its status, most metadata):
-/// `build` gives the same table with or without it.
-pub fn strip_import(si: &mut ServiceImport) {
-    strip_meta(&mut si.metadata);
-    si.status = None;
-}
-
-/// Drops what the lb table does not read from an EndpointSlice (most metadata; endpoints'
-/// hostname, node, zone, hints and target): `build` gives the same table with or without it.
-pub fn strip_slice(slice: &mut EndpointSlice) {
-    strip_meta(&mut slice.metadata);
-    for ep in &mut slice.endpoints {
-        ep.deprecated_topology = None;
-        ep.hints = None;
-        ep.hostname = None;
-        ep.node_name = None;
-        ep.target_ref = None;
-        ep.zone = None;
     }
 }

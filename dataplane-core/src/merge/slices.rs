@@ -12,26 +12,27 @@
 //! still gets slices, for DNS.
 //!
 //! Endpoints keep their addresses (those of the slice's family only), `ready`/`serving`/
-//! `terminating`, `hostname` and `zone`; they are sorted and deduplicated.
+//! `terminating`, `hostname` and `zone`; they are sorted and deduplicated. A cluster's single
+//! local slice of a family, the common case, is imported without copying its endpoints.
 //!
 //! Names: `<service>-<cluster>-<family>` (`ipv4`/`ipv6`), then `-2`, `-3`… when split. A name
 //! already used in the namespace (two services whose names run into each other's cluster ids)
 //! gets `-<8 hex digits of FNV-1a>` of the service and cluster; names are capped at 253
 //! characters the same way.
 
-use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use foldhash::{HashMap, HashSet};
 
 use super::ServiceRouting;
-use super::exports::{Export, usable_address};
+use super::exports::Export;
 use super::ips::fnv1a;
 use crate::model::{
-    EndpointSlice, IpFamily, LABEL_MANAGED_BY, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER,
-    MANAGED_BY, NamespacedName, ObjectMeta,
+    IpFamily, NamespacedName,
+    member::LocalSlice,
+    name::Name,
+    records::{Endpoint, EndpointExtra, Endpoints, ImportedSlice, PortProtocol, SlicePort},
 };
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
 
 /// Most endpoints in one imported slice (the EndpointSlice controller's default).
 pub const MAX_ENDPOINTS: usize = 100;
@@ -41,7 +42,7 @@ pub const MAX_NAME: usize = 253;
 /// Hands out unique slice names per namespace, in the order it is asked (the merge asks in
 /// sorted order, so the result is deterministic).
 #[derive(Debug, Default)]
-pub struct NameAllocator {
+pub(crate) struct NameAllocator {
     /// Names taken, per namespace.
     used: HashMap<String, HashSet<String>>,
 }
@@ -83,77 +84,13 @@ impl NameAllocator {
     }
 }
 
-/// What is imported of an endpoint, borrowed from the local slice: the addresses of the
-/// slice's family, the conditions, hostname and zone. Ordered by every field, so sorting and
-/// deduplicating make the result independent of the local slices' order. Kept small on
-/// purpose: the owned `Endpoint` (hundreds of bytes) is built once, in its final place.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Imported<'a> {
-    /// Borrowed as a whole from clean slices, the common case: no allocation per endpoint.
-    addresses: Cow<'a, [String]>,
-    hostname: Option<&'a str>,
-    zone: Option<&'a str>,
-    conditions: Option<(Option<bool>, Option<bool>, Option<bool>)>,
-}
-
-impl<'a> Imported<'a> {
-    /// `None` when no address of `family` is left. `clean` slices were checked when indexed
-    /// and need no parsing here.
-    fn of(ep: &'a Endpoint, family: IpFamily, clean: bool) -> Option<Self> {
-        let addresses: Cow<'a, [String]> = if clean {
-            Cow::Borrowed(&ep.addresses)
-        } else {
-            Cow::Owned(
-                ep.addresses
-                    .iter()
-                    .filter(|a| usable_address(a, family))
-                    .cloned()
-                    .collect(),
-            )
-        };
-        if addresses.is_empty() {
-            return None;
-        }
-        Some(Self {
-            addresses,
-            hostname: ep.hostname.as_deref(),
-            zone: ep.zone.as_deref(),
-            conditions: ep
-                .conditions
-                .as_ref()
-                .map(|c| (c.ready, c.serving, c.terminating))
-                .filter(|c| *c != (None, None, None)),
-        })
-    }
-
-    fn to_endpoint(&self) -> Endpoint {
-        Endpoint {
-            addresses: self.addresses.to_vec(),
-            conditions: self
-                .conditions
-                .map(|(ready, serving, terminating)| EndpointConditions {
-                    ready,
-                    serving,
-                    terminating,
-                }),
-            hostname: self.hostname.map(str::to_owned),
-            zone: self.zone.map(str::to_owned),
-            ..Default::default()
-        }
-    }
-}
-
-/// A port of an imported slice: (name, protocol, number, appProtocol), in merged-port order.
-type SlicePort<'a> = (&'a str, &'a str, i32, Option<&'a str>);
-
-/// Builds the imported slices of one service, appended to `out` (the plan's list: a slice is
-/// over 400 bytes, so it is built in its final place rather than moved there).
-pub fn build(
+/// Builds the imported slices of one service, appended to `out`.
+pub(crate) fn build(
     service: &NamespacedName,
     contributing: &[&Export<'_>],
     routing: &ServiceRouting,
     names: &mut NameAllocator,
-    out: &mut Vec<EndpointSlice>,
+    out: &mut Vec<ImportedSlice>,
 ) {
     let mut sorted: Vec<&&Export<'_>> = contributing.iter().collect();
     sorted.sort_by_key(|e| e.cluster);
@@ -167,46 +104,39 @@ pub fn build(
             if !clusters.contains(e.cluster) {
                 continue;
             }
-            // Endpoints grouped by the ports their slice gives them: nearly always one group,
-            // so a list, sorted by ports before use.
-            let mut groups: Vec<(Vec<SlicePort<'_>>, Vec<Imported<'_>>)> = Vec::new();
+            // The local slices grouped by the ports they give their endpoints: nearly always
+            // one group, so a list, sorted by ports before use.
+            let mut groups: Vec<(Vec<SlicePort>, Vec<&LocalSlice>)> = Vec::new();
             for local in e
                 .local_slices
                 .iter()
-                .filter(|s| s.slice.address_type == family.address_type())
+                .filter(|s| s.ip_family() == Some(*family))
             {
-                let ports: Vec<SlicePort<'_>> = declared
+                let ports: Vec<SlicePort> = declared
                     .iter()
                     .filter_map(|m| {
                         let name = m.port.name_or_empty();
                         let proto = m.port.protocol_or_tcp();
-                        local.slice.ports.iter().flatten().find_map(|lp| {
-                            let number = lp.port.filter(|n| (1..=65535).contains(n))?;
+                        local.ports.iter().find_map(|lp| {
                             (lp.name.as_deref().unwrap_or("") == name
                                 && lp.protocol.as_deref().unwrap_or("TCP") == proto)
-                                .then_some((name, proto, number, lp.app_protocol.as_deref()))
+                                .then(|| SlicePort {
+                                    name: Name::from(name),
+                                    protocol: PortProtocol::parse(Some(proto))
+                                        .unwrap_or(PortProtocol::Tcp),
+                                    port: lp.port,
+                                    app_protocol: lp.app_protocol.clone(),
+                                })
                         })
                     })
                     .collect();
                 if ports.is_empty() && !e.ports.is_empty() {
                     continue;
                 }
-                let group = match groups.iter().position(|(p, _)| *p == ports) {
-                    Some(i) => &mut groups[i].1,
-                    None => {
-                        groups.push((ports, Vec::new()));
-                        let last = groups.len() - 1;
-                        &mut groups[last].1
-                    }
-                };
-                group.reserve(local.slice.endpoints.len());
-                group.extend(
-                    local
-                        .slice
-                        .endpoints
-                        .iter()
-                        .filter_map(|ep| Imported::of(ep, *family, local.clean)),
-                );
+                match groups.iter_mut().find(|(p, _)| *p == ports) {
+                    Some((_, group)) => group.push(local),
+                    None => groups.push((ports, vec![local])),
+                }
             }
             let suffix = match family {
                 IpFamily::IPv4 => "ipv4",
@@ -214,18 +144,15 @@ pub fn build(
             };
             // `<service>-<cluster>-<family>`, without the formatting machinery (once per slice).
             let mut base = String::with_capacity(service.name.len() + e.cluster.as_str().len() + 6);
-            for part in [service.name.as_str(), "-", e.cluster.as_str(), "-", suffix] {
+            for part in [&*service.name, "-", e.cluster.as_str(), "-", suffix] {
                 base.push_str(part);
             }
             let salt = || format!("{service}/{}", e.cluster);
             let mut index = 0usize;
             groups.sort_by(|a, b| a.0.cmp(&b.0));
-            for (ports, mut endpoints) in groups {
-                // Equal endpoints are identical, so an unstable sort gives the same list.
-                endpoints.sort_unstable();
-                endpoints.dedup();
-                for chunk in endpoints.chunks(MAX_ENDPOINTS) {
-                    let chunk: Vec<Endpoint> = chunk.iter().map(Imported::to_endpoint).collect();
+            for (ports, locals) in groups {
+                let ports: Box<[SlicePort]> = ports.into_boxed_slice();
+                for endpoints in chunks(&locals) {
                     index += 1;
                     let candidate = if index == 1 {
                         base.clone()
@@ -233,50 +160,43 @@ pub fn build(
                         format!("{base}-{index}")
                     };
                     let name = names.claim(&service.namespace, candidate, &salt);
-                    out.push(slice(service, e, *family, name, &ports, chunk));
+                    out.push(ImportedSlice {
+                        name: Name::from(name),
+                        service: service.clone(),
+                        cluster: e.cluster.clone(),
+                        family: *family,
+                        ports: ports.clone(),
+                        endpoints,
+                    });
                 }
             }
         }
     }
 }
 
-fn slice(
-    service: &NamespacedName,
-    e: &Export<'_>,
-    family: IpFamily,
-    name: String,
-    ports: &[SlicePort<'_>],
-    endpoints: Vec<Endpoint>,
-) -> EndpointSlice {
-    let labels = BTreeMap::from([
-        (LABEL_SERVICE_NAME.to_owned(), service.name.clone()),
-        (
-            LABEL_SOURCE_CLUSTER.to_owned(),
-            e.cluster.as_str().to_owned(),
-        ),
-        (LABEL_MANAGED_BY.to_owned(), MANAGED_BY.to_owned()),
-    ]);
-    EndpointSlice {
-        metadata: ObjectMeta {
-            name: Some(name),
-            namespace: Some(service.namespace.clone()),
-            labels: Some(labels),
-            ..Default::default()
-        },
-        address_type: family.address_type().to_owned(),
-        endpoints,
-        ports: (!ports.is_empty()).then(|| {
-            ports
-                .iter()
-                .map(|(name, protocol, port, app)| EndpointPort {
-                    name: (!name.is_empty()).then(|| (*name).to_owned()),
-                    protocol: Some((*protocol).to_owned()),
-                    port: Some(*port),
-                    app_protocol: app.map(str::to_owned),
-                })
-                .collect()
-        }),
+/// The endpoints of a group of local slices, sorted and deduplicated, in chunks of at most
+/// [`MAX_ENDPOINTS`]. A group of one slice of at most that many endpoints (the common case)
+/// hands its endpoints on as they are: they are sorted and deduplicated already.
+fn chunks(locals: &[&LocalSlice]) -> Vec<Arc<Endpoints>> {
+    if let [one] = locals
+        && one.endpoints.len() <= MAX_ENDPOINTS
+    {
+        return if one.endpoints.is_empty() {
+            Vec::new()
+        } else {
+            vec![Arc::clone(&one.endpoints)]
+        };
     }
+    let all = Endpoints::sorted(
+        locals
+            .iter()
+            .flat_map(|l| l.endpoints.iter().map(|e| (e.endpoint, e.extra.cloned()))),
+    );
+    let all: Vec<(Endpoint, Option<EndpointExtra>)> =
+        all.iter().map(|e| (e.endpoint, e.extra.cloned())).collect();
+    all.chunks(MAX_ENDPOINTS)
+        .map(|chunk| Arc::new(Endpoints::new(chunk.iter().cloned())))
+        .collect()
 }
 
 #[cfg(test)]

@@ -27,26 +27,35 @@ use crate::model::{Condition, IpFamily};
 /// A condition's `type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum ConditionType {
+    /// Whether the export can take part in the merge: its Service exists and can be exported.
     Valid,
+    /// Whether the export is in the ClusterSet; on an import, whether it can be used.
     Ready,
+    /// Whether the valid exports of the service disagree on something.
     Conflict,
 }
 
 /// A condition's `status`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum ConditionStatus {
+    /// The condition holds.
     True,
+    /// The condition does not hold.
     False,
 }
 
 /// A condition without a timestamp: the merge has no clock. [`MergeCondition::to_k8s`] adds one.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct MergeCondition {
+    /// Which condition this is.
     #[serde(rename = "type")]
     pub type_: ConditionType,
+    /// Whether it holds.
     pub status: ConditionStatus,
     /// Static for the fixed conditions, so 50,000 exports do not each allocate them.
     pub reason: Cow<'static, str>,
+    /// The explanation for people, at most [`MAX_MESSAGE`] bytes (a longer one is cut and
+    /// ends in `...`).
     pub message: Cow<'static, str>,
 }
 
@@ -81,7 +90,7 @@ impl MergeCondition {
     /// As a `metav1.Condition` with the given `lastTransitionTime`.
     ///
     /// ```
-    /// # use dataplane_agent::merge::conditions::{import_ready, epoch};
+    /// # use dataplane_core::merge::conditions::{import_ready, epoch};
     /// let c = import_ready().to_k8s(epoch());
     /// assert_eq!((c.type_.as_str(), c.status.as_str()), ("Ready", "True"));
     /// ```
@@ -118,18 +127,41 @@ pub fn epoch() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
 /// The `Conflict` reasons, in the order they are joined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ConflictReason {
+    /// The exports' port sets differ (`PortConflict`).
     Port,
+    /// The exports' IP families do not agree under the [`IpFamilyPolicy`](super::IpFamilyPolicy)
+    /// (`IPFamilyConflict`).
     IpFamily,
+    /// Some exported Services are headless and some are not (`TypeConflict`).
     Type,
+    /// The Services' `sessionAffinity` differ (`SessionAffinityConflict`).
     SessionAffinity,
+    /// The `ClientIP` affinity timeouts differ (`SessionAffinityConfigConflict`).
     SessionAffinityConfig,
+    /// The Services' `internalTrafficPolicy` differ (`InternalTrafficPolicyConflict`).
     InternalTrafficPolicy,
+    /// The Services' `trafficDistribution` differ (`TrafficDistributionConflict`).
     TrafficDistribution,
+    /// The exports' `exportedLabels` differ (`LabelsConflict`).
     Labels,
+    /// The exports' `exportedAnnotations` differ (`AnnotationsConflict`).
     Annotations,
 }
 
 impl ConflictReason {
+    /// Every reason, in the order they are joined.
+    pub const ALL: [ConflictReason; 9] = [
+        ConflictReason::Port,
+        ConflictReason::IpFamily,
+        ConflictReason::Type,
+        ConflictReason::SessionAffinity,
+        ConflictReason::SessionAffinityConfig,
+        ConflictReason::InternalTrafficPolicy,
+        ConflictReason::TrafficDistribution,
+        ConflictReason::Labels,
+        ConflictReason::Annotations,
+    ];
+
     /// The MCS API reason string.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -147,7 +179,7 @@ impl ConflictReason {
 }
 
 /// The combined `Conflict` (reason, message) of a service, `None` when nothing conflicts.
-pub fn conflict(
+pub(crate) fn conflict(
     exports: &[Export<'_>],
     families: &Families,
     ports: &MergedPorts,
@@ -303,4 +335,20 @@ pub fn import_no_ip(import: &[IpFamily]) -> MergeCondition {
             show(import)
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ConflictReason;
+
+    #[test]
+    fn every_reason_is_listed_once_in_join_order() {
+        // The derived order is the declaration order, which is the join order.
+        assert!(ConflictReason::ALL.windows(2).all(|w| w[0] < w[1]));
+        let names: std::collections::BTreeSet<&str> =
+            ConflictReason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(names.len(), ConflictReason::ALL.len());
+        assert_eq!(ConflictReason::ALL[0].as_str(), "PortConflict");
+        assert_eq!(ConflictReason::ALL[8].as_str(), "AnnotationsConflict");
+    }
 }

@@ -18,8 +18,11 @@ use crate::{
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterVerdict {
+    /// The id of the cluster the verdict is about.
     pub cluster: String,
+    /// Whether connections to the address may reach this cluster's endpoints.
     pub eligible: bool,
+    /// Why, in words: how many backends it gives, or what keeps it out.
     pub reason: String,
 }
 
@@ -27,11 +30,14 @@ pub struct ClusterVerdict {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Explanation {
+    /// The address explained, as `ip:port/PROTOCOL` (`[ip]:port/PROTOCOL` for IPv6).
     pub address: String,
     /// The import owning the VIP, when there is one.
     pub service: Option<String>,
     /// What a client connecting there gets.
     pub outcome: String,
+    /// One verdict per cluster the import lists or that has slices of its service, sorted by
+    /// id; empty when the address is not a port of an import.
     pub clusters: Vec<ClusterVerdict>,
 }
 
@@ -51,6 +57,21 @@ impl fmt::Display for Explanation {
 }
 
 /// Explains `ip:port/protocol` against the imports and imported slices of a node.
+///
+/// ```
+/// use dataplane_core::{explain::explain, lb::Protocol, model::ServiceImport};
+///
+/// let import: ServiceImport = serde_yaml::from_str(
+///     "metadata: {name: web, namespace: demo}
+/// spec: {type: ClusterSetIP, ips: [241.0.0.10], ports: [{port: 80}]}
+/// status: {clusters: [{cluster: c1}]}",
+/// )
+/// .unwrap();
+/// let e = explain(&[import], &[], "241.0.0.10".parse().unwrap(), 80, Protocol::Tcp);
+/// assert_eq!(e.service.as_deref(), Some("demo/web"));
+/// // c1 is listed, but no imported EndpointSlice of it is given: it has no backend here.
+/// assert_eq!((e.clusters[0].cluster.as_str(), e.clusters[0].eligible), ("c1", false));
+/// ```
 pub fn explain(
     imports: &[ServiceImport],
     slices: &[EndpointSlice],
@@ -120,8 +141,8 @@ pub fn explain(
         .collect();
     for slice in slices {
         let labels = slice.metadata.labels.clone().unwrap_or_default();
-        if labels.get(LABEL_SERVICE_NAME) != Some(&owner.name)
-            || slice.metadata.namespace.as_deref().unwrap_or("default") != owner.namespace
+        if labels.get(LABEL_SERVICE_NAME).map(String::as_str) != Some(&*owner.name)
+            || slice.metadata.namespace.as_deref().unwrap_or("default") != &*owner.namespace
         {
             continue;
         }
@@ -193,7 +214,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::source::manifests::{Manifest, parse_documents};
+    use crate::manifest::{Manifest, parse_documents};
 
     const INPUT: &str = r#"
 apiVersion: multicluster.x-k8s.io/v1beta1

@@ -26,7 +26,7 @@ use crate::model::{ClusterId, IpFamily};
 
 /// The outcome of the family merge for one service.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Families {
+pub(crate) struct Families {
     /// The merged families before the importing cluster's filter (clusterset-wide).
     pub merged: Vec<IpFamily>,
     /// `ipFamilies` of the import as the importing cluster sees it; never empty.
@@ -46,7 +46,11 @@ fn show(families: &[IpFamily]) -> String {
 
 /// Merges the families of `exports` (oldest first). `local` are the importing cluster's
 /// supported families, in its order of preference.
-pub fn merge(exports: &[Export<'_>], policy: IpFamilyPolicy, local: &[IpFamily]) -> Families {
+pub(crate) fn merge(
+    exports: &[Export<'_>],
+    policy: IpFamilyPolicy,
+    local: &[IpFamily],
+) -> Families {
     let known: Vec<&Export<'_>> = exports.iter().filter(|e| !e.families.is_empty()).collect();
     let total = exports.len();
     let mut excluded = BTreeSet::new();
@@ -136,7 +140,6 @@ pub fn merge(exports: &[Export<'_>], policy: IpFamilyPolicy, local: &[IpFamily])
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Service, ServiceExportSpec};
     use IpFamily::{IPv4, IPv6};
 
     fn run(
@@ -147,8 +150,8 @@ mod tests {
         let ids: Vec<ClusterId> = (0..families.len())
             .map(|i| ClusterId::new(format!("c{i}")).expect("id"))
             .collect();
-        let svc = Service::default();
-        let spec = ServiceExportSpec::default();
+        let svc = crate::model::member::ServiceRecord::default();
+        let spec = crate::model::member::ExportRecord::default();
         let exports: Vec<Export<'_>> = families
             .iter()
             .zip(&ids)

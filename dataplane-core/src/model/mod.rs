@@ -4,19 +4,21 @@
 //! version). v1alpha1 has the same schema and is accepted on input; both are generated from the
 //! one field list below so they cannot drift. Services and EndpointSlices come from k8s-openapi.
 
-use std::{collections::BTreeMap, fmt, str::FromStr, sync::Arc};
+use std::{fmt, str::FromStr, sync::Arc};
 
 pub use k8s_openapi::{
     api::{core::v1::Service, discovery::v1::EndpointSlice},
     apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta},
 };
-use kube::CustomResourceExt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// The MCS API group of ServiceExport and ServiceImport.
 pub const GROUP: &str = "multicluster.x-k8s.io";
+/// The apiVersion ServiceExports and ServiceImports are read as, written in and stored in.
 pub const API_VERSION_V1BETA1: &str = "multicluster.x-k8s.io/v1beta1";
-pub const API_VERSION_V1ALPHA1: &str = "multicluster.x-k8s.io/v1alpha1";
+/// The older apiVersion: the same schema, accepted on input and read as v1beta1.
+pub(crate) const API_VERSION_V1ALPHA1: &str = "multicluster.x-k8s.io/v1alpha1";
 
 /// Label on imported EndpointSlices: the ServiceImport they belong to.
 pub const LABEL_SERVICE_NAME: &str = "multicluster.kubernetes.io/service-name";
@@ -39,7 +41,9 @@ pub const LABEL_K8S_SERVICE_NAME: &str = "kubernetes.io/service-name";
     Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
 )]
 pub enum IpFamily {
+    /// 32-bit addresses: EndpointSlices of `addressType: IPv4`, ClusterSet IPs from the IPv4 CIDR.
     IPv4,
+    /// 128-bit addresses: EndpointSlices of `addressType: IPv6`, ClusterSet IPs from the IPv6 CIDR.
     IPv6,
 }
 
@@ -52,6 +56,7 @@ impl IpFamily {
         }
     }
 
+    /// The family an address belongs to.
     pub fn of(ip: &std::net::IpAddr) -> Self {
         match ip {
             std::net::IpAddr::V4(_) => IpFamily::IPv4,
@@ -95,8 +100,10 @@ impl FromStr for IpFamily {
     JsonSchema,
 )]
 pub enum ServiceImportType {
+    /// Reached at the ClusterSet IPs the merge allocates, which the nodes load-balance.
     #[default]
     ClusterSetIP,
+    /// No ClusterSet IP: clients find the endpoints through DNS (`clusterIP: None` Services).
     Headless,
 }
 
@@ -121,8 +128,10 @@ pub struct ServicePort {
     /// TCP, UDP or SCTP; TCP when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<String>,
+    /// A hint for L7 proxies; not compared for routing, though a difference still conflicts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub app_protocol: Option<String>,
+    /// The port clients connect to, 1..=65535.
     pub port: i32,
 }
 
@@ -152,9 +161,11 @@ pub struct SessionAffinityConfig {
     pub client_ip: Option<ClientIpConfig>,
 }
 
+/// `ClientIP` session-affinity settings, as `clientIPConfig` in core/v1.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClientIpConfig {
+    /// How long a client keeps its backend, in seconds; unset means 10800 (3 hours).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_seconds: Option<i32>,
 }
@@ -164,236 +175,39 @@ pub struct ClientIpConfig {
     Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
 )]
 pub struct ClusterStatus {
+    /// The id of a member cluster whose export makes up the import.
     pub cluster: String,
 }
 
+/// `ServiceExport.status`: what the controller found of the export.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ServiceExportStatus {
+    /// `Valid`, `Ready` and `Conflict`, set by the controller, and any condition others set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
 
+/// `ServiceImport.status`: where the import comes from and whether it is ready.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ServiceImportStatus {
+    /// The member clusters whose exports make up the import, sorted by id.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clusters: Vec<ClusterStatus>,
+    /// The import's `Ready` condition, set by the controller.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
 
-/// Generates the ServiceExport and ServiceImport types of one API version. Both versions share
-/// the schema, so the field list exists once.
-macro_rules! mcs_version {
-    ($version:literal) => {
-        use std::collections::BTreeMap;
+mod crd;
+mod ip;
+pub mod member;
+pub mod name;
+pub mod records;
 
-        use kube::CustomResource;
-        use schemars::JsonSchema;
-        use serde::{Deserialize, Serialize};
-
-        pub use super::{
-            ClusterStatus, IpFamily, ServiceExportStatus, ServiceImportStatus, ServiceImportType,
-            ServicePort, SessionAffinityConfig,
-        };
-
-        /// Declares that the Service of the same namespace/name is exported to the ClusterSet.
-        ///
-        /// The derived root type is only used to generate the CRD; [`ServiceExport`] is written by
-        /// hand because `spec` is optional in the MCS API and objects without it must still parse.
-        #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-        #[kube(
-            group = "multicluster.x-k8s.io",
-            version = $version,
-            kind = "ServiceExport",
-            root = "ServiceExportCrd",
-            namespaced,
-            status = "ServiceExportStatus",
-            shortname = "svcex",
-            shortname = "svcexport",
-            derive = "Default",
-            derive = "PartialEq",
-            printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
-        )]
-        #[serde(rename_all = "camelCase")]
-        pub struct ServiceExportSpec {
-            #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-            pub exported_labels: BTreeMap<String, String>,
-            #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-            pub exported_annotations: BTreeMap<String, String>,
-        }
-
-        /// A ServiceExport; `spec` defaults to empty when absent, as the MCS API allows.
-        #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-        pub struct ServiceExport {
-            pub metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-            #[serde(default)]
-            pub spec: ServiceExportSpec,
-            #[serde(default)]
-            pub status: Option<ServiceExportStatus>,
-        }
-
-        impl Serialize for ServiceExport {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                use serde::ser::SerializeStruct as _;
-                let mut st = s.serialize_struct("ServiceExport", 5)?;
-                st.serialize_field("apiVersion", &concat!("multicluster.x-k8s.io/", $version))?;
-                st.serialize_field("kind", "ServiceExport")?;
-                st.serialize_field("metadata", &self.metadata)?;
-                st.serialize_field("spec", &self.spec)?;
-                if let Some(status) = &self.status {
-                    st.serialize_field("status", status)?;
-                }
-                st.end()
-            }
-        }
-
-        impl kube::Resource for ServiceExport {
-            type DynamicType = ();
-            type Scope = k8s_openapi::NamespaceResourceScope;
-            fn kind(_: &()) -> std::borrow::Cow<'_, str> {
-                "ServiceExport".into()
-            }
-            fn group(_: &()) -> std::borrow::Cow<'_, str> {
-                "multicluster.x-k8s.io".into()
-            }
-            fn version(_: &()) -> std::borrow::Cow<'_, str> {
-                $version.into()
-            }
-            fn plural(_: &()) -> std::borrow::Cow<'_, str> {
-                "serviceexports".into()
-            }
-            fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-                &self.metadata
-            }
-            fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-                &mut self.metadata
-            }
-        }
-
-        impl ServiceExport {
-            pub fn new(name: &str, spec: ServiceExportSpec) -> Self {
-                Self {
-                    metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-                        name: Some(name.to_owned()),
-                        ..Default::default()
-                    },
-                    spec,
-                    status: None,
-                }
-            }
-        }
-
-        /// The merged view of a service exported somewhere in the ClusterSet.
-        #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-        #[kube(
-            group = "multicluster.x-k8s.io",
-            version = $version,
-            kind = "ServiceImport",
-            namespaced,
-            status = "ServiceImportStatus",
-            shortname = "svcim",
-            shortname = "svcimport",
-            derive = "Default",
-            derive = "PartialEq",
-            printcolumn(name = "Type", type_ = "string", json_path = ".spec.type"),
-            printcolumn(name = "IP", type_ = "string", json_path = ".spec.ips"),
-            printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
-        )]
-        #[serde(rename_all = "camelCase")]
-        pub struct ServiceImportSpec {
-            pub ports: Vec<ServicePort>,
-            #[serde(default, skip_serializing_if = "Vec::is_empty")]
-            #[schemars(length(max = 2))]
-            pub ips: Vec<String>,
-            #[serde(rename = "type")]
-            pub type_: ServiceImportType,
-            #[serde(default, skip_serializing_if = "Option::is_none")]
-            pub session_affinity: Option<String>,
-            #[serde(default, skip_serializing_if = "Option::is_none")]
-            pub session_affinity_config: Option<SessionAffinityConfig>,
-            #[serde(default, skip_serializing_if = "Vec::is_empty")]
-            #[schemars(length(max = 2))]
-            pub ip_families: Vec<IpFamily>,
-            #[serde(default, skip_serializing_if = "Option::is_none")]
-            pub internal_traffic_policy: Option<String>,
-            #[serde(default, skip_serializing_if = "Option::is_none")]
-            pub traffic_distribution: Option<String>,
-        }
-    };
-}
-
-/// `multicluster.x-k8s.io/v1beta1`, the version this project reads, writes and stores.
-pub mod v1beta1 {
-    mcs_version!("v1beta1");
-}
-
-/// `multicluster.x-k8s.io/v1alpha1`, accepted on input and served by the CRDs.
-pub mod v1alpha1 {
-    mcs_version!("v1alpha1");
-}
-
+pub use crd::{CRD_HEADER, crds, v1alpha1, v1beta1};
+pub use ip::{is_ipv4, parse_ip, parse_ipv4};
+pub use name::{Interner, Name};
 pub use v1beta1::{ServiceExport, ServiceExportSpec, ServiceImport, ServiceImportSpec};
-
-/// First lines of the generated CRD files in `deploy/crds/`.
-pub const CRD_HEADER: &str =
-    "# Generated from dataplane-agent's model by `cargo xtask manifests`; do not edit.\n";
-
-/// The CRDs of both kinds, serving v1alpha1 and v1beta1 and storing v1beta1.
-pub fn crds() -> Result<
-    Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>,
-    kube::core::crd::MergeError,
->{
-    let mut export = kube::core::crd::merge_crds(
-        vec![
-            v1alpha1::ServiceExportCrd::crd(),
-            v1beta1::ServiceExportCrd::crd(),
-        ],
-        "v1beta1",
-    )?;
-    let mut import = kube::core::crd::merge_crds(
-        vec![
-            v1alpha1::ServiceImport::crd(),
-            v1beta1::ServiceImport::crd(),
-        ],
-        "v1beta1",
-    )?;
-    // `spec` is optional on a ServiceExport; defaulting it lets every reader rely on it.
-    for version in &mut export.spec.versions {
-        if let Some(spec) = version
-            .schema
-            .as_mut()
-            .and_then(|s| s.open_api_v3_schema.as_mut())
-            .and_then(|s| s.properties.as_mut())
-            .and_then(|p| p.get_mut("spec"))
-        {
-            spec.default = Some(
-                k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSON(
-                    serde_json::json!({}),
-                ),
-            );
-        }
-        if let Some(required) = version
-            .schema
-            .as_mut()
-            .and_then(|s| s.open_api_v3_schema.as_mut())
-            .and_then(|s| s.required.as_mut())
-        {
-            required.retain(|r| r != "spec");
-        }
-    }
-    for crd in [&mut export, &mut import] {
-        let labels = crd.metadata.labels.get_or_insert_with(BTreeMap::new);
-        labels.insert(
-            "multicluster.x-k8s.io/release-version".into(),
-            "v0.5.0".into(),
-        );
-        labels.insert(
-            "multicluster.x-k8s.io/crd-schema-revision".into(),
-            "0".into(),
-        );
-    }
-    Ok(vec![export, import])
-}
 
 /// A cluster id: an RFC-1123 DNS label (lowercase alphanumerics and '-', 1..=63 characters,
 /// starting and ending with an alphanumeric). It names a member cluster in `status.clusters`
@@ -435,14 +249,18 @@ impl PartialOrd for ClusterId {
     }
 }
 
+/// Why a text cannot be a [`ClusterId`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid cluster id {id:?}: {why} (cluster ids are RFC-1123 DNS labels)")]
 pub struct InvalidClusterId {
+    /// The text that was refused.
     pub id: String,
+    /// The rule it breaks.
     pub why: &'static str,
 }
 
 impl ClusterId {
+    /// Checks `id` against the rules of a cluster id (an RFC-1123 DNS label).
     pub fn new(id: impl Into<String>) -> Result<Self, InvalidClusterId> {
         let id = id.into();
         let why = if id.is_empty() {
@@ -465,8 +283,14 @@ impl ClusterId {
         }
     }
 
+    /// The id's text, as in `status.clusters` and the `source-cluster` label.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The same id, sharing `names`' allocation of its text.
+    pub fn interned(self, names: &Interner) -> ClusterId {
+        ClusterId(names.intern(&self.0))
     }
 
     /// The id's text, shared: map sync keeps it per backend without copying it.
@@ -501,15 +325,43 @@ impl FromStr for ClusterId {
     }
 }
 
+/// (namespace, name) borrowed from an object, the namespace defaulting to `default` as in
+/// [`NamespacedName::of`]: looking objects up by it allocates nothing.
+pub type Key<'a> = (&'a str, &'a str);
+
+/// The [`Key`] of an object.
+pub fn key(meta: &ObjectMeta) -> Key<'_> {
+    (
+        meta.namespace.as_deref().unwrap_or("default"),
+        meta.name.as_deref().unwrap_or(""),
+    )
+}
+
+/// The numeric value of an object's resourceVersion (etcd revisions are increasing integers; 0
+/// when it is missing or not a number): what tells a write from the watch event it causes.
+pub fn resource_version(meta: &ObjectMeta) -> u64 {
+    meta.resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Kubernetes' default ClientIP session-affinity timeout (3 hours), used when an import has
+/// `ClientIP` affinity without a timeout.
+pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10800;
+
 /// Namespace and name of a namespaced object.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NamespacedName {
-    pub namespace: String,
-    pub name: String,
+    /// The object's namespace.
+    pub namespace: Name,
+    /// The object's name, unique in its namespace for its kind.
+    pub name: Name,
 }
 
 impl NamespacedName {
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    /// The namespace/name of the given parts, taken as they are (no defaulting).
+    pub fn new(namespace: impl Into<Name>, name: impl Into<Name>) -> Self {
         Self {
             namespace: namespace.into(),
             name: name.into(),
@@ -518,10 +370,8 @@ impl NamespacedName {
 
     /// The namespace/name of an object, with the namespace defaulted to `default`.
     pub fn of(meta: &ObjectMeta) -> Self {
-        Self::new(
-            meta.namespace.clone().unwrap_or_else(|| "default".into()),
-            meta.name.clone().unwrap_or_default(),
-        )
+        let (namespace, name) = key(meta);
+        Self::new(namespace, name)
     }
 }
 
@@ -543,29 +393,6 @@ mod tests {
         for bad in ["", "-a", "a-", "A", "a.b", "a_b", "x".repeat(64).as_str()] {
             assert!(ClusterId::new(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn crds_serve_both_versions_and_store_v1beta1() {
-        let crds = crds().expect("crds merge");
-        assert_eq!(crds.len(), 2);
-        for crd in &crds {
-            let mut versions: Vec<_> = crd
-                .spec
-                .versions
-                .iter()
-                .map(|v| (v.name.as_str(), v.served, v.storage))
-                .collect();
-            versions.sort();
-            assert_eq!(
-                versions,
-                vec![("v1alpha1", true, false), ("v1beta1", true, true)]
-            );
-        }
-        assert_eq!(
-            crds[1].metadata.name.as_deref(),
-            Some("serviceimports.multicluster.x-k8s.io")
-        );
     }
 
     #[test]

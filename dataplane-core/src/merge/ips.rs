@@ -23,11 +23,11 @@ use foldhash::{HashSet, HashSetExt};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::ClusterSetCidrs;
-use crate::model::{IpFamily, NamespacedName, ServiceImport};
+use crate::model::{IpFamily, NamespacedName, records::ImportRecord};
 
 /// A service that needs one IP per family, in this order.
 #[derive(Clone, Copy, Debug)]
-pub struct Request<'a> {
+pub(crate) struct Request<'a> {
     pub service: &'a NamespacedName,
     pub families: &'a [IpFamily],
 }
@@ -118,11 +118,11 @@ impl Pool {
 
 /// Allocates the IPs of `requests`. Returns, per service whose every family got an IP, the IPs
 /// aligned with its families.
-pub fn allocate(
+pub(crate) fn allocate(
     requests: &[Request<'_>],
-    existing: &[ServiceImport],
+    existing: &[ImportRecord],
     cidrs: &ClusterSetCidrs,
-) -> BTreeMap<NamespacedName, Vec<String>> {
+) -> BTreeMap<NamespacedName, Vec<IpAddr>> {
     let mut v4 = Pool::new(
         IpFamily::IPv4,
         u128::from(u32::from(cidrs.ipv4.network())),
@@ -153,23 +153,18 @@ pub fn allocate(
     });
 
     // Existing imports, one per service, independent of their order.
-    let mut old: Vec<(NamespacedName, &Vec<String>)> = existing
-        .iter()
-        .map(|si| (NamespacedName::of(&si.metadata), &si.spec.ips))
-        .collect();
+    let mut old: Vec<(&NamespacedName, &Vec<IpAddr>)> =
+        existing.iter().map(|si| (&si.service, &si.ips)).collect();
     old.sort();
     old.dedup_by(|a, b| a.0 == b.0);
-    let old: BTreeMap<NamespacedName, &Vec<String>> = old.into_iter().collect();
+    let old: BTreeMap<&NamespacedName, &Vec<IpAddr>> = old.into_iter().collect();
 
     // Aligned with `sorted`: indexing beats keying 10,000 services by name.
     let mut chosen: Vec<Vec<Option<IpAddr>>> = Vec::with_capacity(sorted.len());
     for r in &sorted {
         let mut slots = vec![None; r.families.len()];
         if let Some(ips) = old.get(r.service) {
-            for raw in ips.iter() {
-                let Ok(ip) = raw.parse::<IpAddr>() else {
-                    continue;
-                };
+            for &ip in ips.iter() {
                 let Some(i) = r.families.iter().position(|f| *f == IpFamily::of(&ip)) else {
                     continue;
                 };
@@ -196,10 +191,7 @@ pub fn allocate(
             }
         }
         if slots.iter().all(Option::is_some) {
-            out.push((
-                r.service.clone(),
-                slots.iter().flatten().map(IpAddr::to_string).collect(),
-            ));
+            out.push((r.service.clone(), slots.iter().flatten().copied().collect()));
         }
     }
     // Already in order: the map is built without searching.
@@ -215,8 +207,8 @@ mod tests {
         NamespacedName::new("demo", n)
     }
 
-    fn import(name: &str, ips: &[&str]) -> ServiceImport {
-        let mut si = ServiceImport {
+    fn import(name: &str, ips: &[&str]) -> ImportRecord {
+        let mut si = crate::model::ServiceImport {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some("demo".into()),
@@ -225,7 +217,16 @@ mod tests {
             ..Default::default()
         };
         si.spec.ips = ips.iter().map(|s| s.to_string()).collect();
-        si
+        ImportRecord::from_k8s(&si, &crate::model::Interner::new(), false)
+            .record
+            .expect("an import always converts")
+    }
+
+    /// The allocation as text, to compare with addresses written out.
+    fn text(got: &BTreeMap<NamespacedName, Vec<IpAddr>>) -> BTreeMap<NamespacedName, Vec<String>> {
+        got.iter()
+            .map(|(s, ips)| (s.clone(), ips.iter().map(IpAddr::to_string).collect()))
+            .collect()
     }
 
     #[test]
@@ -243,7 +244,7 @@ mod tests {
                 families: &both,
             })
             .collect();
-        let got = allocate(&reqs, &[], &cidrs);
+        let got = text(&allocate(&reqs, &[], &cidrs));
         // /30 has two usable addresses: a and b get them, c gets nothing.
         assert_eq!(got.len(), 2, "{got:?}");
         assert!(!got.contains_key(&nn("c")));
@@ -282,17 +283,18 @@ mod tests {
             // out of range
             import("c", &["10.0.0.1"]),
         ];
-        let got = allocate(&reqs, &existing, &cidrs);
+        let allocated = allocate(&reqs, &existing, &cidrs);
+        let got = text(&allocated);
         assert_eq!(got[&a], vec!["241.0.3.4"]);
         assert_ne!(got[&b], vec!["241.0.3.4"]);
         assert!(got[&c][0].starts_with("241.0."));
         // Stable when fed back, in any order.
-        let back: Vec<ServiceImport> = got
+        let back: Vec<ImportRecord> = got
             .iter()
             .rev()
             .map(|(s, ips)| import(&s.name, &ips.iter().map(String::as_str).collect::<Vec<_>>()))
             .collect();
-        assert_eq!(allocate(&reqs, &back, &cidrs), got);
+        assert_eq!(allocate(&reqs, &back, &cidrs), allocated);
     }
 
     #[test]
@@ -318,13 +320,14 @@ mod tests {
             },
         ];
         // c held an address, but only two services fit: a and b.
-        let got = allocate(&reqs, &[import("c", &["10.9.0.1"])], &cidrs);
+        let allocated = allocate(&reqs, &[import("c", &["10.9.0.1"])], &cidrs);
+        let got = text(&allocated);
         assert_eq!(got.keys().collect::<Vec<_>>(), vec![&a, &b]);
-        let back: Vec<ServiceImport> = got
+        let back: Vec<ImportRecord> = got
             .iter()
             .map(|(s, ips)| import(&s.name, &ips.iter().map(String::as_str).collect::<Vec<_>>()))
             .collect();
-        assert_eq!(allocate(&reqs, &back, &cidrs), got);
+        assert_eq!(allocate(&reqs, &back, &cidrs), allocated);
     }
 
     #[test]
@@ -341,7 +344,7 @@ mod tests {
                 &[import("a", &[bad])],
                 &cidrs,
             );
-            assert_ne!(got[&a][0], bad);
+            assert_ne!(got[&a][0].to_string(), bad);
         }
     }
 }

@@ -16,8 +16,8 @@
 //! imports: everything is keyed and sorted before it is used.
 //!
 //! ```
-//! use dataplane_agent::merge::{self, ClusterSetConfig, ClusterSnapshot};
-//! use dataplane_agent::model::ClusterId;
+//! use dataplane_core::merge::{self, ClusterSetConfig, ClusterSnapshot};
+//! use dataplane_core::model::ClusterId;
 //!
 //! let c1 = ClusterId::new("c1").unwrap();
 //! let snapshots = vec![ClusterSnapshot::empty(c1.clone())];
@@ -33,27 +33,34 @@ pub mod ports;
 pub mod properties;
 pub mod slices;
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
+use crate::manifest::Manifest;
 use crate::model::{
-    ClusterId, ClusterStatus, EndpointSlice, IpFamily, NamespacedName, ObjectMeta, Service,
-    ServiceExport, ServiceImport, ServiceImportSpec, ServiceImportStatus, ServiceImportType,
-    ServicePort,
+    ClusterId, ClusterStatus, EndpointSlice, Interner, IpFamily, NamespacedName, Service,
+    ServiceExport, ServiceImport, ServiceImportStatus, ServiceImportType, ServicePort,
+    member::{ExportRecord, LocalSlice, ServiceRecord},
+    name::Name,
+    records::{ImportRecord, ImportedSlice},
 };
 
 pub use conditions::{ConditionStatus, ConditionType, MergeCondition};
 
-/// Everything one member cluster contributes: its Services, ServiceExports and local
-/// EndpointSlices (those with the label `kubernetes.io/service-name`).
+/// Everything one member cluster contributes, as records: its Services, ServiceExports and
+/// local EndpointSlices (those with the label `kubernetes.io/service-name`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClusterSnapshot {
+    /// The member cluster.
     pub cluster: ClusterId,
-    pub services: Vec<Service>,
-    pub service_exports: Vec<ServiceExport>,
-    pub endpoint_slices: Vec<EndpointSlice>,
+    /// Its Services.
+    pub services: Vec<Arc<ServiceRecord>>,
+    /// Its ServiceExports.
+    pub service_exports: Vec<Arc<ExportRecord>>,
+    /// Its local EndpointSlices.
+    pub endpoint_slices: Vec<Arc<LocalSlice>>,
 }
 
 impl ClusterSnapshot {
@@ -64,6 +71,49 @@ impl ClusterSnapshot {
             services: Vec::new(),
             service_exports: Vec::new(),
             endpoint_slices: Vec::new(),
+        }
+    }
+
+    /// Adds a member object read from a manifest, converted with `names`. A ServiceImport is
+    /// not a member's input: it is handed back.
+    pub fn add_manifest(&mut self, m: Manifest, names: &Interner) -> Option<Box<ServiceImport>> {
+        match m {
+            Manifest::Service(s) => self
+                .services
+                .push(Arc::new(ServiceRecord::from_k8s(&s, names))),
+            Manifest::ServiceExport(e) => self
+                .service_exports
+                .push(Arc::new(ExportRecord::from_k8s(&e, names))),
+            Manifest::EndpointSlice(s) => self
+                .endpoint_slices
+                .push(Arc::new(LocalSlice::from_k8s(&s, names))),
+            Manifest::ServiceImport(si) => return Some(si),
+        }
+        None
+    }
+
+    /// A snapshot of `cluster` from API objects, converted with `names`.
+    pub fn from_k8s(
+        cluster: ClusterId,
+        services: &[Service],
+        exports: &[ServiceExport],
+        slices: &[EndpointSlice],
+        names: &Interner,
+    ) -> Self {
+        Self {
+            cluster,
+            services: services
+                .iter()
+                .map(|s| Arc::new(ServiceRecord::from_k8s(s, names)))
+                .collect(),
+            service_exports: exports
+                .iter()
+                .map(|e| Arc::new(ExportRecord::from_k8s(e, names)))
+                .collect(),
+            endpoint_slices: slices
+                .iter()
+                .map(|s| Arc::new(LocalSlice::from_k8s(s, names)))
+                .collect(),
         }
     }
 }
@@ -99,7 +149,9 @@ pub const DEFAULT_IPV6_CIDR: &str = "fd00:241::/112";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSetCidrs {
+    /// Where IPv4 ClusterSet IPs come from ([`DEFAULT_IPV4_CIDR`] by default).
     pub ipv4: Ipv4Net,
+    /// Where IPv6 ClusterSet IPs come from ([`DEFAULT_IPV6_CIDR`] by default).
     pub ipv6: Ipv6Net,
 }
 
@@ -120,7 +172,9 @@ impl Default for ClusterSetCidrs {
 /// ClusterSet-wide settings.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClusterSetConfig {
+    /// The ranges ClusterSet IPs are allocated from.
     pub cidrs: ClusterSetCidrs,
+    /// How the exports' IP families combine into the import's.
     pub ip_family_policy: IpFamilyPolicy,
     /// Families each cluster supports. A cluster that is not listed supports both.
     pub clusters: BTreeMap<ClusterId, Vec<IpFamily>>,
@@ -139,7 +193,9 @@ impl ClusterSetConfig {
 /// The conditions the merge sets on one ServiceExport.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct ExportStatus {
+    /// The cluster of the ServiceExport.
     pub cluster: ClusterId,
+    /// The ServiceExport's namespace/name, that of the Service it exports.
     pub service: NamespacedName,
     /// `Valid`, `Ready` and, for valid exports, `Conflict`.
     pub conditions: Vec<MergeCondition>,
@@ -150,13 +206,16 @@ pub struct ExportStatus {
 /// serve it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct MergedPort {
+    /// The port as the import lists it.
     pub port: ServicePort,
+    /// The clusters whose endpoints serve it, sorted by id.
     pub clusters: Vec<ClusterId>,
 }
 
 /// Routing facts of one import: which clusters serve which port and family.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ServiceRouting {
+    /// The import these facts are about.
     pub service: NamespacedName,
     /// Aligned with the import's `spec.ports`.
     pub ports: Vec<MergedPort>,
@@ -167,9 +226,11 @@ pub struct ServiceRouting {
 /// Something in the input that was skipped or repaired, naming the object.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct Diagnostic {
+    /// The member cluster the object belongs to, when there is one.
     pub cluster: Option<ClusterId>,
     /// `Kind namespace/name`, e.g. `EndpointSlice demo/web-abc`.
     pub object: String,
+    /// What was wrong and what was done about it.
     pub message: String,
 }
 
@@ -184,16 +245,19 @@ impl std::fmt::Display for Diagnostic {
 
 /// The result of a merge, as one importing cluster sees it. Every list is sorted.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct MergePlan {
+pub struct MergeOutput {
+    /// The cluster this view is for; `None` only in [`MergeOutput::default`].
     pub importing_cluster: Option<ClusterId>,
     /// The ServiceImports of the importing cluster, sorted by namespace/name.
-    pub service_imports: Vec<ServiceImport>,
+    pub service_imports: Vec<ImportRecord>,
     /// The conditions of every ServiceExport of every cluster, sorted by cluster then service.
     pub export_statuses: Vec<ExportStatus>,
-    /// The imported EndpointSlices for the importing cluster, sorted by namespace/name.
-    pub endpoint_slices: Vec<EndpointSlice>,
+    /// The imported EndpointSlices for the importing cluster, sorted by namespace/name. Their
+    /// endpoints are shared with the member's local slices whenever they are the same.
+    pub endpoint_slices: Vec<ImportedSlice>,
     /// Per import, which clusters serve which port and family (sorted by service).
     pub routing: Vec<ServiceRouting>,
+    /// What in the input was skipped or repaired, sorted, without duplicates.
     pub diagnostics: Vec<Diagnostic>,
 }
 
@@ -201,13 +265,35 @@ pub struct MergePlan {
 /// ServiceImports; their ClusterSet IPs are kept while they stay valid.
 ///
 /// Snapshots with the same cluster id are combined into one cluster (and reported in
-/// [`MergePlan::diagnostics`]); so are duplicate objects within a cluster.
+/// [`MergeOutput::diagnostics`]); so are duplicate objects within a cluster.
+///
+/// ```
+/// use dataplane_core::merge::{self, ClusterSetConfig, ClusterSnapshot};
+/// use dataplane_core::model::{ClusterId, Interner, Service, ServiceExport};
+///
+/// let c1 = ClusterId::new("c1").unwrap();
+/// let service = "metadata: {name: web, namespace: demo}\nspec: {ports: [{port: 80}]}";
+/// let export = "metadata: {name: web, namespace: demo}";
+/// let snapshot = ClusterSnapshot::from_k8s(
+///     c1.clone(),
+///     &[serde_yaml::from_str::<Service>(service).unwrap()],
+///     &[serde_yaml::from_str::<ServiceExport>(export).unwrap()],
+///     &[],
+///     &Interner::new(),
+/// );
+///
+/// let out = merge::merge(&[snapshot], &ClusterSetConfig::default(), &c1, &[]);
+/// let web = &out.service_imports[0];
+/// assert_eq!(web.ports[0].port, 80);
+/// // No family is known, so the import gets c1's first one, IPv4, and an IP from 241.0.0.0/16.
+/// assert!(web.ips[0].to_string().starts_with("241.0."));
+/// ```
 pub fn merge(
     snapshots: &[ClusterSnapshot],
     config: &ClusterSetConfig,
     importing: &ClusterId,
-    existing: &[ServiceImport],
-) -> MergePlan {
+    existing: &[ImportRecord],
+) -> MergeOutput {
     let mut diagnostics = Vec::new();
     let clusters = exports::index_clusters(snapshots, &mut diagnostics);
     let (by_service, invalid_statuses) = exports::collect(&clusters);
@@ -231,8 +317,8 @@ pub fn merge(
     let local_families = config.supported_families(importing);
 
     let mut drafts = Vec::with_capacity(by_service.len());
-    for ((namespace, name), exports) in &by_service {
-        let service = NamespacedName::new(*namespace, *name);
+    for (service, exports) in &by_service {
+        let service = NamespacedName::clone(service);
         let fams = families::merge(exports, config.ip_family_policy, &local_families);
         let contributing: Vec<&exports::Export<'_>> = exports
             .iter()
@@ -270,7 +356,7 @@ pub fn merge(
         .into_iter()
         .peekable();
 
-    let mut plan = MergePlan {
+    let mut plan = MergeOutput {
         importing_cluster: Some(importing.clone()),
         ..Default::default()
     };
@@ -345,20 +431,13 @@ pub fn merge(
 }
 
 /// Slices sorted by namespace/name (unique: [`slices::NameAllocator`] hands out each name
-/// once). A slice is over 400 bytes, so the order is found on indices and each slice is then
-/// moved once, instead of being moved at every step of the sort.
-fn sorted_by_name(slices: Vec<EndpointSlice>) -> Vec<EndpointSlice> {
-    fn key(s: &EndpointSlice) -> (Option<&str>, Option<&str>) {
-        (s.metadata.namespace.as_deref(), s.metadata.name.as_deref())
+/// once). Built in service order, which is nearly always the slices' name order already.
+fn sorted_by_name(mut slices: Vec<ImportedSlice>) -> Vec<ImportedSlice> {
+    let key = |s: &ImportedSlice| (s.service.namespace.clone(), s.name.clone());
+    if !slices.is_sorted_by(|a, b| key(a) <= key(b)) {
+        slices.sort_unstable_by_key(key);
     }
-    // Built in service order, which is nearly always the slices' name order already.
-    if slices.is_sorted_by(|a, b| key(a) <= key(b)) {
-        return slices;
-    }
-    let mut order: Vec<usize> = (0..slices.len()).collect();
-    order.sort_unstable_by(|a, b| key(&slices[*a]).cmp(&key(&slices[*b])));
-    let mut slots: Vec<Option<EndpointSlice>> = slices.into_iter().map(Some).collect();
-    order.into_iter().filter_map(|i| slots[i].take()).collect()
+    slices
 }
 
 /// One service between the merge steps and the output objects.
@@ -370,9 +449,8 @@ struct Draft<'a> {
     props: properties::Properties,
 }
 
-fn build_import(d: &Draft<'_>, ips: Vec<String>, ready: MergeCondition) -> ServiceImport {
+fn build_import(d: &Draft<'_>, ips: Vec<IpAddr>, ready: MergeCondition) -> ImportRecord {
     let w = &d.props.winner;
-    let nonempty = |m: &BTreeMap<String, String>| (!m.is_empty()).then(|| m.clone());
     let mut clusters: Vec<ClusterStatus> = d
         .contributing
         .iter()
@@ -382,24 +460,18 @@ fn build_import(d: &Draft<'_>, ips: Vec<String>, ready: MergeCondition) -> Servi
         .collect();
     clusters.sort();
     clusters.dedup();
-    ServiceImport {
-        metadata: ObjectMeta {
-            name: Some(d.service.name.clone()),
-            namespace: Some(d.service.namespace.clone()),
-            labels: nonempty(&w.labels),
-            annotations: nonempty(&w.annotations),
-            ..Default::default()
-        },
-        spec: ServiceImportSpec {
-            ports: d.ports.merged.iter().map(|p| p.port.clone()).collect(),
-            ips,
-            type_: w.type_,
-            session_affinity: Some(w.session_affinity.clone()),
-            session_affinity_config: w.session_affinity_config.clone(),
-            ip_families: d.families.import.clone(),
-            internal_traffic_policy: Some(w.internal_traffic_policy.clone()),
-            traffic_distribution: w.traffic_distribution.clone(),
-        },
+    ImportRecord {
+        service: d.service.clone(),
+        type_: w.type_,
+        ips,
+        ip_families: d.families.import.clone(),
+        ports: d.ports.merged.iter().map(|p| p.port.clone()).collect(),
+        session_affinity: Some(Name::from(w.session_affinity.as_str())),
+        session_affinity_config: w.session_affinity_config.clone(),
+        internal_traffic_policy: Some(Name::from(w.internal_traffic_policy.as_str())),
+        traffic_distribution: w.traffic_distribution.as_deref().map(Name::from),
+        labels: w.labels.clone(),
+        annotations: w.annotations.clone(),
         status: Some(ServiceImportStatus {
             clusters,
             conditions: vec![ready.to_k8s(conditions::epoch())],

@@ -7,7 +7,10 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort
 use proptest::prelude::*;
 
 use super::*;
-use crate::model::{ClientIpConfig, ObjectMeta, ServicePort, SessionAffinityConfig};
+use crate::model::{
+    ClientIpConfig, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, ObjectMeta, ServicePort,
+    SessionAffinityConfig,
+};
 
 use IpFamily::{IPv4, IPv6};
 
@@ -491,8 +494,11 @@ fn duplicate_vips_go_to_the_first_import_by_name() {
     let one = build(&[a.clone(), b.clone()], &[]);
     let two = build(&[b, a], &[]);
     assert_eq!(one, two);
-    assert_eq!(one.vips[&V4.parse::<IpAddr>().expect("ip")].name, "a");
-    assert_eq!(one.frontends[&fe(V4, 80, Tcp)].service.name, "a");
+    assert_eq!(
+        one.vips[&V4.parse::<IpAddr>().expect("ip")].name,
+        "a".into()
+    );
+    assert_eq!(one.frontends[&fe(V4, 80, Tcp)].service.name, "a".into());
     assert!(has_warning(
         &one,
         "ServiceImport ns/b",
@@ -1039,10 +1045,10 @@ proptest! {
 
 mod incremental {
     use std::collections::BTreeSet;
-    use std::sync::Arc;
 
     use super::*;
-    use crate::lb::inputs::{Change, InputIndex, strip_import, strip_slice};
+    use crate::lb::inputs::{Change, InputIndex, import_input, slice_input};
+    use crate::model::Interner;
 
     fn labelled(slices: &[EndpointSlice]) -> Vec<EndpointSlice> {
         slices
@@ -1058,10 +1064,25 @@ mod incremental {
     }
 
     fn snapshot(imports: &[ServiceImport], slices: &[EndpointSlice]) -> Change {
-        Change::Snapshot {
-            imports: imports.iter().cloned().map(Arc::new).collect(),
-            slices: slices.iter().cloned().map(Arc::new).collect(),
-        }
+        Change::snapshot(imports, slices, &Interner::new())
+    }
+
+    fn imports_change(imports: &[ServiceImport]) -> Change {
+        let names = Interner::new();
+        Change::Imports(imports.iter().map(|si| import_input(si, &names)).collect())
+    }
+
+    fn slices_change(slices: &[EndpointSlice]) -> Change {
+        let names = Interner::new();
+        Change::Slices(slices.iter().map(|s| slice_input(s, &names)).collect())
+    }
+
+    fn import_change(si: &ServiceImport) -> Change {
+        Change::Import(import_input(si, &Interner::new()))
+    }
+
+    fn slice_change(s: &EndpointSlice) -> Change {
+        Change::Slice(slice_input(s, &Interner::new()))
     }
 
     /// Files `change` and updates `lb` with what it touched.
@@ -1097,7 +1118,7 @@ mod incremental {
     fn nothing_is_ready_before_both_lists() {
         let mut index = InputIndex::default();
         let mut dirty = BTreeSet::new();
-        index.apply(Change::Import(Arc::new(si("a", &[V4]))), &mut dirty);
+        index.apply(import_change(&si("a", &[V4])), &mut dirty);
         index.apply(Change::Imports(vec![]), &mut dirty);
         assert!(!index.is_ready());
         index.apply(Change::Slices(vec![]), &mut dirty);
@@ -1112,7 +1133,7 @@ mod incremental {
         let slices = [es("s1", "a", "10.0.0.1")];
         apply(&mut index, &mut lb, snapshot(&imports, &slices));
         let moved = es("s1", "b", "10.0.0.1");
-        let dirty = apply(&mut index, &mut lb, Change::Slice(Arc::new(moved.clone())));
+        let dirty = apply(&mut index, &mut lb, slice_change(&moved));
         assert_eq!(dirty, BTreeSet::from([ns("a"), ns("b")]));
         assert_eq!(lb.table(), &build(&imports, &[moved]));
         assert!(backends(lb.table(), V4, 80, Protocol::Tcp).is_empty());
@@ -1120,7 +1141,7 @@ mod incremental {
         let again = apply(
             &mut index,
             &mut lb,
-            Change::Slice(Arc::new(es("s1", "b", "10.0.0.1"))),
+            slice_change(&es("s1", "b", "10.0.0.1")),
         );
         assert!(again.is_empty());
     }
@@ -1131,28 +1152,12 @@ mod incremental {
         let mut lb = LbState::default();
         let imports = [si("a", &[V4]), si("b", &["241.0.0.2"])];
         let slices = [es("s1", "a", "10.0.0.1"), es("s2", "b", "10.0.0.2")];
-        apply(
-            &mut index,
-            &mut lb,
-            Change::Imports(imports.iter().cloned().map(Arc::new).collect()),
-        );
-        apply(
-            &mut index,
-            &mut lb,
-            Change::Slices(slices.iter().cloned().map(Arc::new).collect()),
-        );
+        apply(&mut index, &mut lb, imports_change(&imports));
+        apply(&mut index, &mut lb, slices_change(&slices));
         // Re-lists (new objects, equal or not): b's import and a's slice are gone.
-        let d1 = apply(
-            &mut index,
-            &mut lb,
-            Change::Imports(vec![Arc::new(imports[0].clone())]),
-        );
+        let d1 = apply(&mut index, &mut lb, imports_change(&imports[..1]));
         assert_eq!(d1, BTreeSet::from([ns("b")]));
-        let d2 = apply(
-            &mut index,
-            &mut lb,
-            Change::Slices(vec![Arc::new(slices[1].clone())]),
-        );
+        let d2 = apply(&mut index, &mut lb, slices_change(&slices[1..2]));
         assert_eq!(d2, BTreeSet::from([ns("a")]));
         assert_eq!(lb.table(), &build(&imports[..1], &slices[1..]));
         assert!(index.inputs(&ns("a")).slices.is_empty());
@@ -1166,38 +1171,31 @@ mod incremental {
         let imports = [si("a", &[V4]), si("b", &[V4]), si("c", &["241.0.0.3"])];
         apply(&mut index, &mut lb, snapshot(&imports, &[]));
         assert_eq!(lb.table().vips.get(&V4.parse().unwrap()), Some(&ns("a")));
-        let a = Arc::new(imports[0].clone());
+        let a = NamespacedName::of(&imports[0].metadata);
         let dirty = apply(&mut index, &mut lb, Change::ImportDeleted(a));
         assert_eq!(dirty, BTreeSet::from([ns("a")]));
         assert_eq!(lb.table().vips.get(&V4.parse().unwrap()), Some(&ns("b")));
         assert_eq!(lb.table(), &build(&imports[1..], &[]));
         // And back: a takes it again, b loses it.
-        apply(
-            &mut index,
-            &mut lb,
-            Change::Import(Arc::new(imports[0].clone())),
-        );
+        apply(&mut index, &mut lb, import_change(&imports[0]));
         assert_eq!(lb.table(), &build(&imports, &[]));
     }
 
+    /// The records keep only what routing reads: metadata, hostnames and node names of the
+    /// objects change nothing in the table.
     #[test]
-    fn stripping_keeps_the_table() {
-        let mut imports = vec![si("a", &[V4])];
-        imports[0].metadata.annotations = Some(BTreeMap::from([("x".into(), "y".into())]));
-        imports[0].metadata.labels = Some(BTreeMap::from([("app".into(), "web".into())]));
-        let mut slices = vec![es("s1", "a", "10.0.0.1")];
-        slices[0].endpoints[0].hostname = Some("pod".into());
-        slices[0].endpoints[0].node_name = Some("node".into());
-        let full = build(&imports, &slices);
-        for si in &mut imports {
-            strip_import(si);
-            assert!(si.metadata.annotations.is_none() && si.metadata.labels.is_none());
-        }
-        for s in &mut slices {
-            strip_slice(s);
-            assert!(s.endpoints[0].hostname.is_none());
-        }
-        assert_eq!(build(&imports, &slices), full);
+    fn metadata_the_table_does_not_read_changes_nothing() {
+        let imports = vec![si("a", &[V4])];
+        let slices = vec![es("s1", "a", "10.0.0.1")];
+        let plain = build(&imports, &slices);
+        let mut decorated_imports = imports.clone();
+        decorated_imports[0].metadata.annotations =
+            Some(BTreeMap::from([("x".into(), "y".into())]));
+        decorated_imports[0].metadata.labels = Some(BTreeMap::from([("app".into(), "web".into())]));
+        let mut decorated_slices = slices.clone();
+        decorated_slices[0].endpoints[0].hostname = Some("pod".into());
+        decorated_slices[0].endpoints[0].node_name = Some("node".into());
+        assert_eq!(build(&decorated_imports, &decorated_slices), plain);
     }
 
     /// One edit of the inputs, as a watch event would report it.
@@ -1221,7 +1219,7 @@ mod incremental {
     type ObjKey = (String, String);
 
     fn obj_key(meta: &ObjectMeta) -> ObjKey {
-        let (ns, name) = crate::merge::exports::key(meta);
+        let (ns, name) = crate::model::key(meta);
         (ns.to_owned(), name.to_owned())
     }
 
@@ -1257,25 +1255,25 @@ mod incremental {
                 let change = match edit {
                     Edit::Import(si) => {
                         imports.insert(obj_key(&si.metadata), si.clone());
-                        Change::Import(Arc::new(si))
+                        import_change(&si)
                     }
                     Edit::DeleteImport(i) => {
                         let Some(k) = imports.keys().nth(i % imports.len().max(1)).cloned() else {
                             continue;
                         };
                         let si = imports.remove(&k).expect("present");
-                        Change::ImportDeleted(Arc::new(si))
+                        Change::ImportDeleted(NamespacedName::of(&si.metadata))
                     }
                     Edit::Slice(s) => {
                         slices.insert(obj_key(&s.metadata), s.clone());
-                        Change::Slice(Arc::new(s))
+                        slice_change(&s)
                     }
                     Edit::DeleteSlice(i) => {
                         let Some(k) = slices.keys().nth(i % slices.len().max(1)).cloned() else {
                             continue;
                         };
                         let s = slices.remove(&k).expect("present");
-                        Change::SliceDeleted(Arc::new(s))
+                        Change::SliceDeleted(NamespacedName::of(&s.metadata))
                     }
                 };
                 apply(&mut index, &mut lb, change);

@@ -26,20 +26,22 @@ use std::{
 use foldhash::HashMap;
 
 use super::{
-    Frontend, FrontendAddr, LbTable, LbWarning, Protocol, build_import, index_slices,
-    unique_imports,
+    Frontend, FrontendAddr, LbTable, LbWarning, Protocol, build_import, by_cluster, warnings_of,
 };
-use crate::{
-    merge::exports::parse_ip,
-    model::{EndpointSlice, NamespacedName, ServiceImport},
+use crate::model::{
+    NamespacedName,
+    records::{Converted, ImportRecord, ImportedSlice, PortProtocol},
 };
 
 /// One service's inputs: the ServiceImports with its namespace/name (one, unless a directory
-/// defines it twice) and the imported EndpointSlices labelled with its name in its namespace.
+/// defines it twice) and the imported EndpointSlices labelled with its name in its namespace,
+/// as converted records with the warnings of their conversion.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ServiceInputs<'a> {
-    pub imports: &'a [Arc<ServiceImport>],
-    pub slices: &'a [Arc<EndpointSlice>],
+    /// The imports of the service.
+    pub imports: &'a [Arc<Converted<ImportRecord>>],
+    /// The imported slices of the service.
+    pub slices: &'a [Arc<Converted<ImportedSlice>>],
 }
 
 /// The part of the table one service makes.
@@ -53,6 +55,27 @@ pub struct ServicePart {
     pub warnings: Vec<LbWarning>,
 }
 
+/// One import per namespace/name: of several with one namespace/name (a directory may define
+/// one twice) the one whose object JSON is smallest is used and the duplicate reported, so the
+/// choice does not depend on the input order.
+fn unique_import<'a>(
+    imports: &'a [Arc<Converted<ImportRecord>>],
+    warnings: &mut Vec<LbWarning>,
+) -> Option<&'a ImportRecord> {
+    let mut records = imports.iter().filter_map(|c| c.record.as_ref());
+    let first = records.next()?;
+    let rest: Vec<&ImportRecord> = records.collect();
+    if rest.is_empty() {
+        return Some(first);
+    }
+    warnings.push(LbWarning {
+        object: format!("ServiceImport {}", first.service),
+        message: "defined more than once; one definition is used".into(),
+    });
+    let json = |r: &ImportRecord| serde_json::to_string(&r.to_k8s()).unwrap_or_default();
+    std::iter::once(first).chain(rest).min_by_key(|r| json(r))
+}
+
 /// Builds the parts of `services` as [`build`](super::build) would if they were the only
 /// services: in sorted order, a VIP going to the first service that lists it. That is their
 /// part of the full table whenever no other service lists one of their IPs.
@@ -64,16 +87,31 @@ pub fn build_services<'a, 'n>(
     services.dedup_by(|a, b| a.0 == b.0);
     let mut claimed: BTreeMap<IpAddr, NamespacedName> = BTreeMap::new();
     let mut out = Vec::with_capacity(services.len());
+    let mut serving = Vec::new();
     for (service, inputs) in services {
         let mut part = ServicePart::default();
-        let by_service = index_slices(inputs.slices.iter().map(|s| &**s), &mut part.warnings);
-        let mut serving = Vec::new();
-        for (key, si) in unique_imports(inputs.imports.iter().map(|s| &**s), &mut part.warnings) {
-            let slices = by_service.get(&key).map(Vec::as_slice).unwrap_or(&[]);
+        for c in inputs.imports {
+            part.warnings.extend(warnings_of(c, "ServiceImport"));
+        }
+        for c in inputs.slices {
+            part.warnings.extend(warnings_of(c, "EndpointSlice"));
+            for p in c.record.iter().flat_map(|s| s.ports.iter()) {
+                if p.protocol == PortProtocol::Sctp {
+                    part.warnings.push(LbWarning {
+                        object: format!("EndpointSlice {}", c.id),
+                        message: format!(
+                            "port {:?}: protocol SCTP is not load-balanced at socket level",
+                            &*p.name
+                        ),
+                    });
+                }
+            }
+        }
+        let slices = by_cluster(inputs.slices.iter().filter_map(|c| c.record.as_ref()));
+        if let Some(si) = unique_import(inputs.imports, &mut part.warnings) {
             let vips = build_import(
-                key,
                 si,
-                slices,
+                &slices,
                 &mut claimed,
                 &mut part.warnings,
                 &mut serving,
@@ -100,11 +138,11 @@ struct ServiceState {
 }
 
 /// Every IP the imports list, sorted, unique.
-fn listed_ips(imports: &[Arc<ServiceImport>]) -> Vec<IpAddr> {
+fn listed_ips(imports: &[Arc<Converted<ImportRecord>>]) -> Vec<IpAddr> {
     let mut ips: Vec<IpAddr> = imports
         .iter()
-        .flat_map(|si| si.spec.ips.iter())
-        .filter_map(|raw| parse_ip(raw))
+        .filter_map(|c| c.record.as_ref())
+        .flat_map(|si| si.ips.iter().copied())
         .collect();
     ips.sort_unstable();
     ips.dedup();
@@ -128,6 +166,11 @@ impl LbState {
     /// The whole table.
     pub fn table(&self) -> &LbTable {
         &self.table
+    }
+
+    /// The whole table, by value.
+    pub fn into_table(self) -> LbTable {
+        self.table
     }
 
     /// The warnings about one service's imports and slices.

@@ -1,0 +1,359 @@
+//! Name mapping, validation and precedence of exports.
+//!
+//! An export is a ServiceExport plus the Service of the same namespace/name in the same
+//! cluster. An export is invalid (`Valid=False`, `Ready=False/Pending`, no `Conflict`, left out
+//! of the merge) when:
+//!
+//! | reason | when |
+//! |---|---|
+//! | `NoService` | no Service of that namespace/name in the cluster |
+//! | `InvalidServiceType` | `type: ExternalName`, or a type Kubernetes does not define |
+//! | `InvalidServicePorts` | a port outside 1..65535, a protocol other than TCP/UDP/SCTP, two ports with one name (the empty name included) or with one (protocol, port) |
+//! | `InvalidIPFamilies` | more than two `ipFamilies`, a family twice, or a value other than IPv4/IPv6 |
+//!
+//! Several of the last two are joined with a comma (`InvalidServicePorts,InvalidIPFamilies`).
+//! Problems in local EndpointSlices (bad addresses, an address that does not match the
+//! `addressType`, an unknown `addressType`) do not invalidate the export: the bad addresses are
+//! skipped and reported as [`Diagnostic`]s, so the other endpoints keep working.
+//!
+//! Precedence: `creationTimestamp` ascending (a missing one counts as the oldest), ties broken by
+//! cluster id ascending.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use foldhash::{HashMap, HashMapExt};
+use k8s_openapi::jiff::Timestamp;
+
+use super::{ClusterSnapshot, Diagnostic, ExportStatus, conditions};
+use crate::model::{
+    ClusterId, IpFamily, LABEL_K8S_SERVICE_NAME, NamespacedName, ServicePort,
+    member::{ExportRecord, LocalSlice, ServicePortSpec, ServiceRecord},
+    name::Name,
+};
+
+/// Reason of `Valid=False` for a Service whose ports are malformed.
+pub const REASON_INVALID_SERVICE_PORTS: &str = "InvalidServicePorts";
+/// Reason of `Valid=False` for a Service whose `ipFamilies` are malformed.
+pub const REASON_INVALID_IP_FAMILIES: &str = "InvalidIPFamilies";
+/// Reason of `Valid=False` for a missing Service (MCS API).
+pub const REASON_NO_SERVICE: &str = "NoService";
+/// Reason of `Valid=False` for a Service type that cannot be exported (MCS API).
+pub const REASON_INVALID_SERVICE_TYPE: &str = "InvalidServiceType";
+
+/// The objects of one cluster, keyed by namespace/name and deduplicated.
+pub(crate) struct ClusterObjects<'a> {
+    /// Services by namespace/name.
+    pub services: HashMap<&'a NamespacedName, &'a ServiceRecord>,
+    /// ServiceExports by namespace/name.
+    pub exports: HashMap<&'a NamespacedName, &'a ExportRecord>,
+    /// Local slices by the Service they belong to, sorted by slice name.
+    pub slices: HashMap<NamespacedName, Vec<&'a LocalSlice>>,
+}
+
+/// A valid export, ready to merge.
+#[derive(Debug)]
+pub(crate) struct Export<'a> {
+    /// The exporting cluster.
+    pub cluster: &'a ClusterId,
+    /// Its Service.
+    pub service: &'a ServiceRecord,
+    /// Its ServiceExport.
+    pub spec: &'a ExportRecord,
+    /// The ServiceExport's creation time: older exports win.
+    pub created: Option<Timestamp>,
+    /// Normalised: no empty names or appProtocols, protocol always set.
+    pub ports: Vec<ServicePort>,
+    /// The Service's `ipFamilies`, else the address types of its local slices; may be empty
+    /// when neither says anything.
+    pub families: Vec<IpFamily>,
+    /// Whether the Service is headless.
+    pub headless: bool,
+    /// The Service's local slices, sorted by name.
+    pub local_slices: &'a [&'a LocalSlice],
+}
+
+impl Export<'_> {
+    /// The precedence key: older first, then by cluster id.
+    pub fn precedence(&self) -> (Option<Timestamp>, &ClusterId) {
+        (self.created, self.cluster)
+    }
+}
+
+/// Picks one of several records with the same namespace/name, independently of their order:
+/// the smallest.
+fn pick_duplicate<'a, T: Ord>(existing: &mut &'a T, new: &'a T) {
+    if new < *existing {
+        *existing = new;
+    }
+}
+
+/// Keys every cluster's objects, combining snapshots of one cluster and reporting duplicates and
+/// malformed local EndpointSlices.
+pub(crate) fn index_clusters<'a>(
+    snapshots: &'a [ClusterSnapshot],
+    diagnostics: &mut Vec<Diagnostic>,
+) -> BTreeMap<&'a ClusterId, ClusterObjects<'a>> {
+    let mut out: BTreeMap<&ClusterId, ClusterObjects<'_>> = BTreeMap::new();
+    let mut seen = BTreeSet::new();
+    for snap in snapshots {
+        if !seen.insert(&snap.cluster) {
+            diagnostics.push(Diagnostic {
+                cluster: Some(snap.cluster.clone()),
+                object: format!("cluster {}", snap.cluster),
+                message: "given more than once; its objects are combined".into(),
+            });
+        }
+        let objs = out.entry(&snap.cluster).or_insert_with(|| ClusterObjects {
+            services: HashMap::with_capacity(snap.services.len()),
+            exports: HashMap::with_capacity(snap.service_exports.len()),
+            slices: HashMap::with_capacity(snap.endpoint_slices.len()),
+        });
+        let dup = |kind: &str, id: &NamespacedName| Diagnostic {
+            cluster: Some(snap.cluster.clone()),
+            object: format!("{kind} {id}"),
+            message: "defined more than once; one definition is used".into(),
+        };
+        for svc in &snap.services {
+            match objs.services.get_mut(&svc.id) {
+                Some(existing) => {
+                    diagnostics.push(dup("Service", &svc.id));
+                    pick_duplicate(existing, svc);
+                }
+                None => {
+                    objs.services.insert(&svc.id, svc);
+                }
+            }
+        }
+        for se in &snap.service_exports {
+            match objs.exports.get_mut(&se.id) {
+                Some(existing) => {
+                    diagnostics.push(dup("ServiceExport", &se.id));
+                    pick_duplicate(existing, se);
+                }
+                None => {
+                    objs.exports.insert(&se.id, se);
+                }
+            }
+        }
+        for slice in &snap.endpoint_slices {
+            let object = || format!("EndpointSlice {}", slice.id);
+            let Some(svc) = &slice.service else {
+                diagnostics.push(Diagnostic {
+                    cluster: Some(snap.cluster.clone()),
+                    object: object(),
+                    message: format!("no {LABEL_K8S_SERVICE_NAME} label; ignored"),
+                });
+                continue;
+            };
+            for message in &slice.problems {
+                diagnostics.push(Diagnostic {
+                    cluster: Some(snap.cluster.clone()),
+                    object: object(),
+                    message: message.clone(),
+                });
+            }
+            let service = NamespacedName::new(slice.id.namespace.clone(), Name::clone(svc));
+            let list = objs.slices.entry(service).or_default();
+            // Same namespace (part of the key), so the name identifies the slice.
+            match list.iter_mut().find(|s| s.id.name == slice.id.name) {
+                Some(existing) => {
+                    diagnostics.push(dup("EndpointSlice", &slice.id));
+                    pick_duplicate_slice(existing, slice);
+                }
+                None => list.push(slice),
+            }
+        }
+    }
+    for objs in out.values_mut() {
+        for list in objs.slices.values_mut() {
+            list.sort_by(|a, b| a.id.name.cmp(&b.id.name));
+        }
+    }
+    out
+}
+
+/// [`pick_duplicate`] for slices, which are not ordered: by their debug text, only ever
+/// computed for duplicates.
+fn pick_duplicate_slice<'a>(existing: &mut &'a LocalSlice, new: &'a LocalSlice) {
+    if format!("{new:?}") < format!("{existing:?}") {
+        *existing = new;
+    }
+}
+
+/// Valid exports by service, sorted by namespace/name (each list in precedence order, oldest
+/// first), and the statuses of the invalid ones (unsorted).
+pub(crate) fn collect<'a>(
+    clusters: &'a BTreeMap<&'a ClusterId, ClusterObjects<'a>>,
+) -> (
+    Vec<(&'a NamespacedName, Vec<Export<'a>>)>,
+    Vec<ExportStatus>,
+) {
+    // Grouped by hash, then only the services are sorted (not every export).
+    // At least as many services as the largest cluster exports.
+    let mut by_service: HashMap<&'a NamespacedName, Vec<Export<'a>>> = HashMap::with_capacity(
+        clusters
+            .values()
+            .map(|o| o.exports.len())
+            .max()
+            .unwrap_or(0),
+    );
+    let mut statuses = Vec::new();
+    for (cluster, objs) in clusters {
+        for (k, se) in &objs.exports {
+            let slices: &[&LocalSlice] = objs.slices.get(*k).map(Vec::as_slice).unwrap_or(&[]);
+            match validate(cluster, objs.services.get(k).copied(), se, slices) {
+                Ok(export) => by_service.entry(*k).or_default().push(export),
+                Err((reason, message)) => statuses.push(ExportStatus {
+                    cluster: (*cluster).clone(),
+                    service: (*k).clone(),
+                    conditions: conditions::invalid_export(&reason, &message),
+                }),
+            }
+        }
+    }
+    let mut by_service: Vec<(&'a NamespacedName, Vec<Export<'a>>)> =
+        by_service.into_iter().collect();
+    by_service.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    for (_, exports) in &mut by_service {
+        exports.sort_by(|a, b| a.precedence().cmp(&b.precedence()));
+    }
+    (by_service, statuses)
+}
+
+/// Checks one export; `Err((reason, message))` makes it `Valid=False`.
+pub(crate) fn validate<'a>(
+    cluster: &'a ClusterId,
+    service: Option<&'a ServiceRecord>,
+    se: &'a ExportRecord,
+    local_slices: &'a [&'a LocalSlice],
+) -> Result<Export<'a>, (String, String)> {
+    let Some(service) = service else {
+        return Err((
+            REASON_NO_SERVICE.into(),
+            "No Service of the same namespace/name exists in this cluster.".into(),
+        ));
+    };
+    match service.type_.as_deref() {
+        None | Some("ClusterIP") | Some("NodePort") | Some("LoadBalancer") => {}
+        Some("ExternalName") => {
+            return Err((
+                REASON_INVALID_SERVICE_TYPE.into(),
+                "Service type ExternalName cannot be exported.".into(),
+            ));
+        }
+        Some(other) => {
+            return Err((
+                REASON_INVALID_SERVICE_TYPE.into(),
+                format!("Service type {other:?} is not a Kubernetes Service type."),
+            ));
+        }
+    }
+    let mut reasons = Vec::new();
+    let mut messages = Vec::new();
+    let ports = match normalize_ports(&service.ports) {
+        Ok(p) => p,
+        Err(problems) => {
+            reasons.push(REASON_INVALID_SERVICE_PORTS);
+            messages.push(format!("Invalid ports: {}.", problems.join("; ")));
+            Vec::new()
+        }
+    };
+    let declared = match parse_families(&service.ip_families) {
+        Ok(f) => f,
+        Err(problem) => {
+            reasons.push(REASON_INVALID_IP_FAMILIES);
+            messages.push(format!("Invalid ipFamilies: {problem}."));
+            Vec::new()
+        }
+    };
+    if !reasons.is_empty() {
+        return Err((reasons.join(","), messages.join(" ")));
+    }
+    let families = if declared.is_empty() {
+        // No declared families: the address types of the Service's own slices say what it
+        // serves. Sorted, so the result does not depend on the slices' order.
+        let set: BTreeSet<IpFamily> = local_slices.iter().filter_map(|s| s.ip_family()).collect();
+        set.into_iter().collect()
+    } else {
+        declared
+    };
+    Ok(Export {
+        cluster,
+        service,
+        spec: se,
+        created: se.created,
+        ports,
+        families,
+        headless: service.headless,
+        local_slices,
+    })
+}
+
+/// Normalises a Service's ports, or lists every problem.
+pub fn normalize_ports(ports: &[ServicePortSpec]) -> Result<Vec<ServicePort>, Vec<String>> {
+    let mut out: Vec<ServicePort> = Vec::with_capacity(ports.len());
+    let mut problems = Vec::new();
+    for (i, p) in ports.iter().enumerate() {
+        let shown = p.name.as_deref().unwrap_or("");
+        let protocol = p.protocol.as_deref().unwrap_or("TCP");
+        if !matches!(protocol, "TCP" | "UDP" | "SCTP") {
+            problems.push(format!(
+                "port {shown:?} has protocol {protocol:?} (expected TCP, UDP or SCTP)"
+            ));
+        }
+        if !(1..=65535).contains(&p.port) {
+            problems.push(format!(
+                "port {shown:?} has number {} (expected 1..65535)",
+                p.port
+            ));
+        }
+        // A Service has a handful of ports: looking back over them beats building sets.
+        let earlier = &ports[..i];
+        if earlier
+            .iter()
+            .any(|q| q.name.as_deref().unwrap_or("") == shown)
+        {
+            problems.push(format!("port name {shown:?} is used twice"));
+        }
+        if earlier
+            .iter()
+            .any(|q| q.port == p.port && q.protocol.as_deref().unwrap_or("TCP") == protocol)
+        {
+            problems.push(format!("{}/{protocol} is declared twice", p.port));
+        }
+        out.push(ServicePort {
+            name: (!shown.is_empty()).then(|| shown.to_owned()),
+            protocol: Some(protocol.to_owned()),
+            app_protocol: p
+                .app_protocol
+                .as_deref()
+                .filter(|a| !a.is_empty())
+                .map(str::to_owned),
+            port: p.port,
+        });
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(problems)
+    }
+}
+
+/// Parses `ipFamilies`: at most two, no duplicates, IPv4/IPv6 only.
+pub fn parse_families(raw: &[Name]) -> Result<Vec<IpFamily>, String> {
+    if raw.len() > 2 {
+        return Err(format!(
+            "{} families given, at most 2 are allowed",
+            raw.len()
+        ));
+    }
+    let mut out = Vec::new();
+    for f in raw {
+        let family: IpFamily = f.parse()?;
+        if out.contains(&family) {
+            return Err(format!("{family} is listed twice"));
+        }
+        out.push(family);
+    }
+    Ok(out)
+}
