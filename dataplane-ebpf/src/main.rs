@@ -20,7 +20,7 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::bpf_sock_addr,
-    btf_maps::{HashMap, LruHashMap, PerCpuHashMap, SkStorage},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, SkStorage},
     helpers::generated::{
         bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns,
         bpf_set_retval,
@@ -30,19 +30,19 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use dataplane_ebpf::{
-    AF_INET, AF_INET6, AffinityKey, AffinityMatchKey, AffinityValue, Backend, ClusterName,
-    Counters, ECONNREFUSED, ENOMEM, FRONTEND_F_AFFINITY, FRONTEND_F_WILDCARD, Frontend,
-    FrontendKey4, FrontendKey6, FrontendName, IPPROTO_TCP, IPPROTO_UDP, RevNatKey4, RevNatKey6,
-    RevNatValue4, RevNatValue6, Slot, SlotKey, SockRevNat, affinity_fresh, cookie_hash, defaults,
-    ip6_mapped_v4, ip6_v4_mapped, pick_slot,
+    AF_INET, AF_INET6, AffinityKey, AffinityMatchKey, AffinityValue, ClusterName, Counters,
+    ECONNREFUSED, ENOMEM, FRONTEND_F_AFFINITY, FRONTEND_F_WILDCARD, Frontend, FrontendKey4,
+    FrontendKey6, FrontendName, IPPROTO_TCP, IPPROTO_UDP, RevNatKey4, RevNatKey6, RevNatValue4,
+    RevNatValue6, Slot, SockRevNat, affinity_fresh, cookie_hash, defaults, ip6_mapped_v4,
+    ip6_v4_mapped, pick_slot,
 };
 
 /// Elements are allocated on write and freed after an RCU grace period, so a concurrent reader
 /// never sees a recycled element (the aliasing hazard of preallocated hash maps).
 const NO_PREALLOC: usize = 1;
 const MAX_FRONTENDS: usize = defaults::MAX_FRONTENDS as usize;
-const MAX_BACKENDS: usize = defaults::MAX_BACKENDS as usize;
 const MAX_SLOTS: usize = defaults::MAX_SLOTS as usize;
+const MAX_CLUSTERS: usize = defaults::MAX_CLUSTERS as usize;
 const MAX_AFFINITY: usize = defaults::MAX_AFFINITY as usize;
 const MAX_REVNAT: usize = defaults::MAX_REVNAT as usize;
 
@@ -52,10 +52,9 @@ const MAX_REVNAT: usize = defaults::MAX_REVNAT as usize;
 static FRONTENDS4: HashMap<FrontendKey4, Frontend, MAX_FRONTENDS, NO_PREALLOC> = HashMap::new();
 #[btf_map(name = "MCS_FE6")]
 static FRONTENDS6: HashMap<FrontendKey6, Frontend, MAX_FRONTENDS, NO_PREALLOC> = HashMap::new();
+/// Every frontend's backends, one range each (see the invariants in `lib.rs`).
 #[btf_map(name = "MCS_SLOTS")]
-static SLOTS: HashMap<SlotKey, Slot, MAX_SLOTS, NO_PREALLOC> = HashMap::new();
-#[btf_map(name = "MCS_BACKENDS")]
-static BACKENDS: HashMap<u32, Backend, MAX_BACKENDS, NO_PREALLOC> = HashMap::new();
+static SLOTS: Array<Slot, MAX_SLOTS> = Array::new();
 #[btf_map(name = "MCS_AFFINITY")]
 static AFFINITY: LruHashMap<AffinityKey, AffinityValue, MAX_AFFINITY> = LruHashMap::new();
 #[btf_map(name = "MCS_AFF_MATCH")]
@@ -68,20 +67,21 @@ static SOCK_REVNAT: SkStorage<SockRevNat> = SkStorage::new();
 static REVNAT4: LruHashMap<RevNatKey4, RevNatValue4, MAX_REVNAT> = LruHashMap::new();
 #[btf_map(name = "MCS_REVNAT6")]
 static REVNAT6: LruHashMap<RevNatKey6, RevNatValue6, MAX_REVNAT> = LruHashMap::new();
+/// Indexed by frontend id (ids start at 1).
 #[btf_map(name = "MCS_COUNTERS")]
-static COUNTERS: PerCpuHashMap<u32, Counters, MAX_FRONTENDS, NO_PREALLOC> = PerCpuHashMap::new();
+static COUNTERS: PerCpuArray<Counters, { MAX_FRONTENDS + 1 }> = PerCpuArray::new();
 /// Names for `inspect`; only the agent reads and writes them.
 #[btf_map(name = "MCS_FE_NAMES")]
 static FRONTEND_NAMES: HashMap<u32, FrontendName, MAX_FRONTENDS, NO_PREALLOC> = HashMap::new();
 #[btf_map(name = "MCS_CLUSTERS")]
-static CLUSTER_NAMES: HashMap<u32, ClusterName, 1024, NO_PREALLOC> = HashMap::new();
+static CLUSTER_NAMES: HashMap<u32, ClusterName, MAX_CLUSTERS, NO_PREALLOC> = HashMap::new();
 
 /// Return values of cgroup sock_addr programs.
 const ALLOW: i32 = 1;
 const DENY: i32 = 0;
 
 /// One address family of the maps: its frontend and reverse-translation maps, and where a
-/// backend's address sits in a [`Backend`]. [`V4`] also serves IPv4-mapped IPv6 destinations.
+/// backend's address sits in a [`Slot`]. [`V4`] also serves IPv4-mapped IPv6 destinations.
 trait Family {
     /// An address as `bpf_sock_addr` holds it (network-order words).
     type Addr: Copy + PartialEq;
@@ -92,7 +92,6 @@ trait Family {
     /// The frontend entry of (address, port, protocol); `port == 0 && proto == 0` is the VIP's
     /// wildcard.
     fn frontend(addr: Self::Addr, port: u16, proto: u8) -> Option<Frontend>;
-    fn backend_addr(be: &Backend) -> Self::Addr;
     /// Records that (socket, backend) stands for (VIP, port).
     fn rev_insert(
         cookie: u64,
@@ -132,11 +131,6 @@ impl Family for V4 {
             _pad: 0,
         };
         unsafe { FRONTENDS4.get(&key) }.copied()
-    }
-
-    #[inline(always)]
-    fn backend_addr(be: &Backend) -> u32 {
-        be.addr[0]
     }
 
     #[inline(always)]
@@ -199,11 +193,6 @@ impl Family for V6 {
     }
 
     #[inline(always)]
-    fn backend_addr(be: &Backend) -> [u32; 4] {
-        be.addr
-    }
-
-    #[inline(always)]
     fn rev_insert(
         cookie: u64,
         backend: [u32; 4],
@@ -248,7 +237,8 @@ enum Verdict<A> {
 
 /// What `choose` found.
 enum Choice {
-    Backend(u32, Backend),
+    /// A backend of the frontend (id): its address words and port, as a slot holds them.
+    Backend(u32, [u32; 4], u16),
     /// Refuse with ECONNREFUSED.
     Reject(u32),
     /// The slot or backend just read is gone: the agent switched this frontend to a new bank
@@ -299,57 +289,48 @@ fn choose(ctx: &SockAddrContext, fe: &Frontend, draw: u32) -> Choice {
         _pad: 0,
     };
     if affinity && let Some(entry) = unsafe { AFFINITY.get(&aff_key) } {
-        let backend_id = entry.backend_id;
+        let (addr, port) = (entry.addr, entry.port);
         let still_member = unsafe {
             AFFINITY_MATCH
                 .get(&AffinityMatchKey {
                     frontend_id: fe.id,
-                    backend_id,
+                    port,
+                    _pad: 0,
+                    addr,
                 })
                 .is_some()
         };
-        if still_member
-            && affinity_fresh(now, entry.last_used_ns, fe.affinity_timeout_s)
-            && let Some(be) = unsafe { BACKENDS.get(&backend_id) }
-        {
-            let be = *be;
-            let _ = AFFINITY.insert(
-                &aff_key,
-                &AffinityValue {
-                    last_used_ns: now,
-                    backend_id,
-                    _pad: 0,
-                },
-                0,
-            );
+        if still_member && affinity_fresh(now, entry.last_used_ns, fe.affinity_timeout_s) {
+            remember(&aff_key, now, addr, port);
             bump(fe.id, |c| c.affinity_hits += 1);
-            return Choice::Backend(fe.id, be);
+            return Choice::Backend(fe.id, addr, port);
         }
     }
-    let slot = SlotKey {
-        frontend_id: fe.id,
-        bank: fe.bank as u16,
-        index: pick_slot(draw, fe.count),
-    };
-    let Some(slot) = (unsafe { SLOTS.get(&slot) }) else {
+    // An index past the array or a slot of another frontend: the frontend changed under us.
+    let Some(slot) = SLOTS.get(fe.base.wrapping_add(pick_slot(draw, fe.count) as u32)) else {
         return Choice::Stale(fe.id);
     };
-    let backend_id = slot.backend_id;
-    let Some(be) = (unsafe { BACKENDS.get(&backend_id) }) else {
+    if slot.frontend_id != fe.id {
         return Choice::Stale(fe.id);
-    };
-    if affinity {
-        let _ = AFFINITY.insert(
-            &aff_key,
-            &AffinityValue {
-                last_used_ns: now,
-                backend_id,
-                _pad: 0,
-            },
-            0,
-        );
     }
-    Choice::Backend(fe.id, *be)
+    let (addr, port) = (slot.addr, slot.port);
+    if affinity {
+        remember(&aff_key, now, addr, port);
+    }
+    Choice::Backend(fe.id, addr, port)
+}
+
+/// Records the backend a client used, for ClientIP affinity. An LRU map: a failed insert only
+/// costs the client its stickiness.
+#[inline(always)]
+fn remember(key: &AffinityKey, now: u64, addr: [u32; 4], port: u16) {
+    let value = AffinityValue {
+        last_used_ns: now,
+        addr,
+        port,
+        _pad: [0; 3],
+    };
+    let _ = AFFINITY.insert(key, &value, 0);
 }
 
 /// Which hook translates: `connect` (the socket gets one peer) or `sendmsg` (one datagram of
@@ -434,17 +415,17 @@ fn forward<F: Family>(
             debug!(ctx, "reject frontend {}", id);
             Verdict::Reject(-ECONNREFUSED)
         }
-        Choice::Backend(id, be) => {
-            let backend = F::backend_addr(&be);
+        Choice::Backend(id, addr, port) => {
+            let backend = F::from_words(addr);
             // Without its reverse entry the application would see the backend, not the VIP,
             // as its peer: refuse rather than translate half-way.
-            if let Err(e) = record::<F>(ctx, hook, cookie, backend, be.port, vip, vip_port) {
+            if let Err(e) = record::<F>(ctx, hook, cookie, backend, port, vip, vip_port) {
                 bump(id, |c| c.rejects += 1);
                 debug!(ctx, "reject frontend {}: reverse entry failed {}", id, e);
                 return Verdict::Reject(if e < 0 { e } else { -ENOMEM });
             }
             bump(id, |c| c.translations += 1);
-            Verdict::Translate(backend, be.port)
+            Verdict::Translate(backend, port)
         }
     }
 }

@@ -629,7 +629,8 @@ fn now_us() -> u64 {
 }
 
 /// 9: a full map refuses the service that does not fit, with a clear error, and the services
-/// already installed keep working.
+/// already installed keep working. The refused service's VIP refuses connects (its wildcard
+/// entry is written): it never passes through unrouted.
 #[test]
 fn a_full_map_refuses_one_service_and_keeps_the_others() {
     require_root!();
@@ -639,20 +640,20 @@ fn a_full_map_refuses_one_service_and_keeps_the_others() {
             .unwrap();
     }
     let input = input_dir(&topo, "capacity");
-    let mut agent = start_node(&topo, &input, &["--max-backends", "4"]);
+    let mut agent = start_node(&topo, &input, &["--max-slots", "4"]);
     agent
         .wait_for("service a", SYNC_TIMEOUT, |i| {
             frontend(i, "241.0.0.60", 80, "TCP").is_some_and(|f| f.backends.len() == 2)
         })
         .unwrap();
     let deadline = Instant::now() + SYNC_TIMEOUT;
-    while !agent.log_text().contains("is full") && Instant::now() < deadline {
+    while !agent.log_text().contains("free slots") && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     let log = agent.log_text();
     assert!(
         log.contains(
-            "MCS_BACKENDS is full: service demo/b needs 3 new entries but only 2 of 4 are free"
+            "MCS_SLOTS has no run of 3 free slots for service demo/b (the longest is 2; 2 of 4 are free)"
         ),
         "{log}"
     );
@@ -663,14 +664,20 @@ fn a_full_map_refuses_one_service_and_keeps_the_others() {
     let i = inspect(&topo.pin_dir).unwrap();
     assert!(
         frontend(&i, "241.0.0.61", 80, "TCP").is_none(),
-        "b was refused whole"
+        "b's port was not written"
     );
     assert!(
-        frontend(&i, "241.0.0.61", 0, "*").is_none(),
-        "including its wildcard"
+        frontend(&i, "241.0.0.61", 0, "*").is_some(),
+        "but its VIP's refusing wildcard was"
     );
-    // b is not installed, so its VIP is an unknown address: untouched and unroutable here.
-    let b = topo.probe("tcp", "241.0.0.61:80", &[]).unwrap();
-    assert_eq!(b[0].errno, Some(libc::ENETUNREACH));
+    // b's VIP is known and refused at once; it is never dialled unrouted.
+    let b = topo
+        .probe("tcp", "241.0.0.61:80", &["--count", "3"])
+        .unwrap();
+    assert!(
+        b.iter()
+            .all(|a| !a.ok && a.errno == Some(libc::ECONNREFUSED)),
+        "{b:?}"
+    );
     assert!(agent.running(), "the agent keeps running");
 }

@@ -5,10 +5,10 @@ use std::{fmt::Write as _, path::Path};
 use serde::Serialize;
 
 use super::{
+    desired::{FeAddr, read_back},
     kernel::KernelMaps,
     loader::{LoadError, PROGRAMS},
     maps::MapContents,
-    sync::{FeAddr, read_back},
 };
 
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -75,7 +75,7 @@ pub fn rows(contents: &MapContents) -> Vec<FrontendRow> {
         let Some(addr) = FeAddr::from_key(&key) else {
             continue;
         };
-        let Some(d) = decoded.get(&addr) else {
+        let Some((service, d)) = decoded.get(&addr) else {
             continue;
         };
         let (port, protocol) = match addr {
@@ -86,8 +86,8 @@ pub fn rows(contents: &MapContents) -> Vec<FrontendRow> {
         rows.push((
             addr,
             FrontendRow {
-                namespace: d.service.namespace.to_string(),
-                name: d.service.name.to_string(),
+                namespace: service.namespace.to_string(),
+                name: service.name.to_string(),
                 port_name: d.port_name.clone(),
                 ip: addr.ip().to_string(),
                 port,

@@ -1,7 +1,7 @@
 //! Loading, attaching and pinning the socket-LB programs, adopting them after a restart, and
 //! removing them.
 //!
-//! Layout under the pin directory (default `/sys/fs/bpf/mcs-dataplane/v1`):
+//! Layout under the pin directory (default `/sys/fs/bpf/mcs-dataplane/v<PIN_VERSION>`):
 //! - `maps/<MAP>`: every map (`bpftool map dump pinned <dir>/maps/MCS_FE4`);
 //! - `links/cg<cgroup id>/<program>`: the cgroup links, one per hook. Pinned links keep the
 //!   programs attached while the agent is down, so connections keep being translated.
@@ -70,8 +70,8 @@ pub struct LoaderConfig {
     /// The cgroup v2 directory the programs attach to.
     pub cgroup: PathBuf,
     pub max_frontends: u32,
-    pub max_backends: u32,
     pub max_slots: u32,
+    pub max_clusters: u32,
     pub max_affinity: u32,
     pub max_revnat: u32,
     /// Most verbose eBPF log level forwarded to `tracing` (aya-log level numbers: 1 error ..
@@ -86,8 +86,8 @@ impl LoaderConfig {
             pin_dir,
             cgroup,
             max_frontends: MAX_FRONTENDS,
-            max_backends: MAX_BACKENDS,
             max_slots: MAX_SLOTS,
+            max_clusters: MAX_CLUSTERS,
             max_affinity: MAX_AFFINITY,
             max_revnat: MAX_REVNAT,
             bpf_log_level: 2,
@@ -253,10 +253,11 @@ pub fn install(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
     let mut ebpf: Ebpf = loader
         .map_max_entries(map_names::FRONTENDS4, cfg.max_frontends)
         .map_max_entries(map_names::FRONTENDS6, cfg.max_frontends)
-        .map_max_entries(map_names::COUNTERS, cfg.max_frontends)
+        // Indexed by frontend id, 1..=max_frontends.
+        .map_max_entries(map_names::COUNTERS, cfg.max_frontends.saturating_add(1))
         .map_max_entries(map_names::FRONTEND_NAMES, cfg.max_frontends)
-        .map_max_entries(map_names::BACKENDS, cfg.max_backends)
         .map_max_entries(map_names::SLOTS, cfg.max_slots)
+        .map_max_entries(map_names::CLUSTER_NAMES, cfg.max_clusters)
         .map_max_entries(map_names::AFFINITY_MATCH, cfg.max_slots)
         .map_max_entries(map_names::AFFINITY, cfg.max_affinity)
         .map_max_entries(map_names::REVNAT4, cfg.max_revnat)
@@ -350,9 +351,8 @@ pub fn install(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
     let caps = maps.capacities();
     let wanted = Capacities {
         frontends: cfg.max_frontends,
-        backends: cfg.max_backends,
         slots: cfg.max_slots,
-        clusters: caps.clusters,
+        clusters: cfg.max_clusters,
     };
     if caps != wanted {
         warn!(
