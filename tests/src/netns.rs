@@ -185,10 +185,11 @@ impl Topology {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         clean_stale();
-        let _ = sh("mount", &["-t", "bpf", "bpf", "/sys/fs/bpf"]).or_else(|_| {
-            // Already mounted is fine.
-            sh("mountpoint", &["-q", "/sys/fs/bpf"])
-        })?;
+        // Mount bpffs only where there is none: mounting it again would stack a new, empty
+        // instance over the one in use and hide every pin in it (other tests', an agent's).
+        if !dataplane_agent::bpf::loader::is_on_bpffs(Path::new("/sys/fs/bpf")) {
+            sh("mount", &["-t", "bpf", "bpf", "/sys/fs/bpf"])?;
+        }
         let n = NEXT.fetch_add(1, Ordering::SeqCst);
         let pid = std::process::id();
         let id = format!("{pid}x{n}");
