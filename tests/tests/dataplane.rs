@@ -681,3 +681,141 @@ fn a_full_map_refuses_one_service_and_keeps_the_others() {
     );
     assert!(agent.running(), "the agent keeps running");
 }
+
+/// Two agents never share a pin directory: the second one stops with a clear error (the first
+/// holds the directory's lock), and the first keeps serving.
+#[test]
+fn a_second_agent_on_the_same_pin_directory_is_refused() {
+    require_root!();
+    let mut topo = Topology::new(&["a"]).unwrap();
+    topo.start_backend("a", 10, &["tcp:8080", "udp:5353"])
+        .unwrap();
+    let _first = node_on(&topo, "refuse", 7);
+    let mut second = start_node(&topo, &topo.dir.join("input"), &[]);
+    let deadline = Instant::now() + SYNC_TIMEOUT;
+    while second.running() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!second.running(), "the second agent must stop");
+    let log = second.log_text();
+    assert!(log.contains("is in use by another agent"), "{log}");
+    let ok = topo
+        .probe("tcp", "241.0.0.10:80", &["--count", "5"])
+        .unwrap();
+    assert!(all_ok(&ok), "{ok:?}");
+}
+
+/// The programs attached to the topology's cgroup, by name (bpftool's view).
+fn attached(topo: &Topology) -> BTreeMap<String, usize> {
+    let json = tests::netns::sh(
+        "bpftool",
+        &["-j", "cgroup", "show", topo.cgroup.to_str().unwrap()],
+    )
+    .unwrap();
+    let progs: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap_or_default();
+    let mut out = BTreeMap::new();
+    for p in progs {
+        if let Some(name) = p["name"].as_str() {
+            *out.entry(name.to_owned()).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// After a layout version bump the new agent detaches the links of older versions (which,
+/// attached first, would keep translating from frozen maps) and removes their pins.
+#[test]
+fn an_upgrade_detaches_the_links_of_older_layout_versions() {
+    require_root!();
+    let mut topo = Topology::new(&["a"]).unwrap();
+    topo.start_backend("a", 10, &["tcp:8080", "udp:5353"])
+        .unwrap();
+    let input = input_dir(&topo, "refuse");
+    let input = input.to_str().unwrap();
+    std::fs::create_dir_all(&topo.pin_dir).unwrap();
+    let old_dir = topo.pin_dir.join("v1");
+    let new_dir = topo
+        .pin_dir
+        .join(format!("v{}", dataplane_ebpf::PIN_VERSION));
+    assert_ne!(old_dir, new_dir);
+    let args = ["node", "--from-dir", input];
+    let mut old = Agent::start_in(&topo, &old_dir, &args, &[]).unwrap();
+    old.wait_for("the old layout's agent", SYNC_TIMEOUT, |i| {
+        i.frontends.len() == 7
+    })
+    .unwrap();
+    old.kill(libc::SIGKILL);
+    assert_eq!(attached(&topo).get("connect4"), Some(&1));
+
+    let mut new = Agent::start_in(&topo, &new_dir, &args, &[]).unwrap();
+    new.wait_for("the new layout's agent", SYNC_TIMEOUT, |i| {
+        i.frontends.len() == 7
+    })
+    .unwrap();
+    let log = new.log_text();
+    assert!(
+        log.contains("detached the links of older layout versions"),
+        "{log}"
+    );
+    assert!(!old_dir.exists(), "the old layout's pins are gone");
+    let progs = attached(&topo);
+    assert_eq!(progs.get("connect4"), Some(&1), "{progs:?}");
+    assert_eq!(progs.values().sum::<usize>(), 8, "{progs:?}");
+    let ok = topo
+        .probe("tcp", "241.0.0.10:80", &["--count", "5"])
+        .unwrap();
+    assert!(all_ok(&ok), "{ok:?}");
+}
+
+/// A restarted agent adopts pinned links only when their programs use the pinned maps. With a
+/// map pin removed (its map recreated), it attaches programs that use the new map, and traffic
+/// follows what it writes.
+#[test]
+fn adoption_reattaches_when_a_map_pin_was_removed() {
+    require_root!();
+    let mut topo = Topology::new(&["a"]).unwrap();
+    for h in [10, 20] {
+        topo.start_backend("a", h, &["tcp:8080"]).unwrap();
+    }
+    let input = topo
+        .write_fixture("input", "churn.yaml", &churn_yaml(&[10]))
+        .unwrap();
+    let one = |host: &'static str| {
+        move |i: &dataplane_agent::bpf::inspect::Inspection| {
+            frontend(i, "241.0.0.70", 80, "TCP")
+                .is_some_and(|f| f.backends.len() == 1 && f.backends[0].ip == host)
+        }
+    };
+    let mut first = start_node(&topo, &input, &[]);
+    first
+        .wait_for("the churn service", SYNC_TIMEOUT, one("10.99.1.10"))
+        .unwrap();
+    first.kill(libc::SIGKILL);
+    std::fs::remove_file(topo.pin_dir.join("maps").join("MCS_SLOTS")).unwrap();
+
+    let mut second = start_node(&topo, &input, &[]);
+    second
+        .wait_for(
+            "the restarted agent's sync",
+            SYNC_TIMEOUT,
+            one("10.99.1.10"),
+        )
+        .unwrap();
+    let log = second.log_text();
+    assert!(log.contains("attached the socket-LB programs"), "{log}");
+    assert!(!log.contains("adopted the pinned programs"), "{log}");
+    topo.write_fixture("input", "churn.yaml", &churn_yaml(&[20]))
+        .unwrap();
+    second
+        .wait_for("the new backend", SYNC_TIMEOUT, one("10.99.1.20"))
+        .unwrap();
+    let after = topo
+        .probe("tcp", "241.0.0.70:80", &["--count", "20"])
+        .unwrap();
+    assert!(all_ok(&after), "{after:?}");
+    assert_eq!(
+        by_backend(&after).into_keys().collect::<Vec<_>>(),
+        ["a/10.99.1.20"],
+        "the programs read the maps the agent writes"
+    );
+}

@@ -1,5 +1,5 @@
 //! The kernel maps behind [`MapWriter`]: typed aya handles on the pinned maps, with batched
-//! writes ([`super::batch`]) for runs of updates of one map.
+//! writes ([`super::sys`]) for runs of updates of one map.
 
 use std::{collections::BTreeMap, os::fd::AsFd as _, path::Path};
 
@@ -12,8 +12,8 @@ use dataplane_ebpf::{
 };
 
 use super::{
-    batch::{self, Elems, bytes_of},
     maps::{Capacities, FeKey, MapContents, MapKind, MapOp, MapWriteError, MapWriter},
+    sys::{self as batch, Elems, bytes_of},
 };
 
 /// Entries one batch syscall carries at most.
@@ -63,6 +63,8 @@ pub struct KernelMaps {
     capacities: Capacities,
     /// Kernel ids of the maps, by name, for `inspect` and restart checks.
     pub ids: Vec<(&'static str, u32)>,
+    /// The pin directory's lock, held by the agent that writes the maps.
+    lock: Option<std::os::fd::OwnedFd>,
 }
 
 fn open(dir: &Path, name: &'static str) -> Result<Map, KernelMapError> {
@@ -177,7 +179,13 @@ impl KernelMaps {
             nr_cpus,
             capacities,
             ids,
+            lock: None,
         })
+    }
+
+    /// Keeps the pin directory's lock for as long as these maps are written.
+    pub fn hold_lock(&mut self, lock: std::os::fd::OwnedFd) {
+        self.lock = Some(lock);
     }
 
     /// The maps' `max_entries`, as created (an adopted map keeps the size it was created with).

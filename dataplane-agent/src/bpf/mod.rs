@@ -5,11 +5,10 @@
 //! - [`ids`]: frontend ids, cluster ids and slot ranges;
 //! - [`adopt`]: the writer's mirror rebuilt from pinned maps after a restart;
 //! - [`sync`] (with [`plan`]): the one writer, `sync(scope)`;
-//! - [`maps`], [`kernel`], [`batch`], [`grace`]: the maps it writes, in memory or in the kernel;
+//! - [`maps`], [`kernel`], [`sys`], [`grace`]: the maps it writes, in memory or in the kernel;
 //! - [`loader`], [`inspect`], [`convert`].
 
 pub mod adopt;
-pub mod batch;
 pub mod convert;
 pub mod desired;
 pub mod grace;
@@ -20,3 +19,4 @@ pub mod loader;
 pub mod maps;
 pub mod plan;
 pub mod sync;
+pub mod sys;

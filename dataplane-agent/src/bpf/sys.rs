@@ -1,14 +1,28 @@
-//! Batched map operations through the raw `bpf(2)` syscall (aya 0.14 has no batch API):
-//! `BPF_MAP_UPDATE_BATCH`, `BPF_MAP_DELETE_BATCH` and `BPF_MAP_LOOKUP_BATCH` on a map's fd.
-//! One syscall writes or reads thousands of entries, which is what makes a full sync of a
-//! million slots take well under a second. The kernel applies the elements in order and, on an
-//! error, reports how many it applied, so the caller knows exactly where it stopped.
+//! The `bpf(2)` commands aya 0.14 does not wrap, through the raw syscall:
+//! - batched map operations: `BPF_MAP_UPDATE_BATCH`, `BPF_MAP_DELETE_BATCH` and
+//!   `BPF_MAP_LOOKUP_BATCH` on a map's fd. One syscall writes or reads thousands of entries,
+//!   which is what makes a full sync of a million slots fast. The kernel applies the elements
+//!   in order and, on an error, reports how many it applied, so the caller knows exactly where
+//!   it stopped;
+//! - `BPF_LINK_DETACH` of a pinned link (kernel 5.9+), which detaches it even while other fds
+//!   or pins still hold it.
 
-use std::{io, mem::size_of, os::fd::AsRawFd};
+use std::{
+    ffi::CString,
+    io,
+    mem::size_of,
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::ffi::OsStrExt as _,
+    },
+    path::Path,
+};
 
+const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
+const BPF_LINK_DETACH: libc::c_long = 34;
 
 /// The `batch` member of `union bpf_attr` (include/uapi/linux/bpf.h).
 #[repr(C)]
@@ -124,4 +138,54 @@ pub fn bytes_of<T: aya::Pod>(items: &[T]) -> &[u8] {
     // SAFETY: `T: Pod` is `#[repr(C)]` plain data without padding holes (the ABI types are
     // checked for that), so its bytes are initialized; the slice covers exactly `items`.
     unsafe { std::slice::from_raw_parts(items.as_ptr().cast::<u8>(), std::mem::size_of_val(items)) }
+}
+
+/// The `obj_pin` member of `union bpf_attr` (`BPF_OBJ_GET`).
+#[repr(C)]
+#[derive(Default)]
+struct ObjAttr {
+    pathname: u64,
+    bpf_fd: u32,
+    file_flags: u32,
+}
+
+/// Detaches the link pinned at `path` (`BPF_OBJ_GET`, then `BPF_LINK_DETACH`): the cgroup stops
+/// running its program at once, whoever else holds the link. The pin itself stays; remove it
+/// afterwards.
+pub fn detach_pinned_link(path: &Path) -> io::Result<()> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut get = ObjAttr {
+        pathname: c.as_ptr() as u64,
+        ..Default::default()
+    };
+    // SAFETY: `get` is a valid `bpf_attr` prefix of the size passed; `pathname` points at a
+    // NUL-terminated string that outlives the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET,
+            &mut get as *mut ObjAttr,
+            size_of::<ObjAttr>() as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd to us; nothing else owns it.
+    let link = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+    let mut detach: u32 = link.as_raw_fd() as u32;
+    // SAFETY: the `link_detach` member of `bpf_attr` is one u32 (the link fd), passed by size.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_LINK_DETACH,
+            &mut detach as *mut u32,
+            size_of::<u32>() as libc::c_uint,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
