@@ -5,9 +5,9 @@
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use dataplane_core::{
+    fixtures::synthetic::{self, Shape},
     lb,
     merge::{self, ClusterSetConfig},
-    synthetic::{self, Shape},
 };
 
 /// The agent binary's allocator (see `src/main.rs`), so the bench measures what runs.

@@ -15,10 +15,7 @@
 //!
 //! `AYA_BUILD_SKIP=1 cargo bench -p dataplane-agent --bench node_event`
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    sync::Arc,
-};
+use std::{collections::BTreeSet, sync::Arc};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use dataplane_agent::bpf::{
@@ -26,92 +23,63 @@ use dataplane_agent::bpf::{
     sync::MapSync,
 };
 use dataplane_core::{
+    fixtures::{
+        endpoint, import, imported_slice,
+        synthetic::{self, Shape},
+    },
     lb::{
         self, LbState,
         inputs::{Change, InputIndex, slice_input},
     },
-    model::{
-        EndpointSlice, Interner, IpFamily, LABEL_MANAGED_BY, LABEL_SERVICE_NAME,
-        LABEL_SOURCE_CLUSTER, MANAGED_BY, ObjectMeta, ServiceImport, ServiceImportType,
-        ServicePort,
-    },
+    model::{EndpointSlice, Interner, IpFamily, LABEL_MANAGED_BY, MANAGED_BY, ServiceImport},
 };
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
 use kube::ResourceExt as _;
 
 /// The agent binary's allocator (see `src/main.rs`), so the bench measures what runs.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const SERVICES: usize = 10_000;
-const CLUSTERS: usize = 5;
-const ENDPOINTS: usize = 10;
+const SHAPE: Shape = Shape::CONTROL_PLANE;
 
-fn import(s: usize) -> ServiceImport {
-    let mut si = ServiceImport::default();
-    si.metadata.name = Some(format!("svc-{s}"));
-    si.metadata.namespace = Some("bench".into());
-    si.metadata.resource_version = Some(s.to_string());
-    si.spec.type_ = ServiceImportType::ClusterSetIP;
-    si.spec.ips = vec![format!("241.0.{}.{}", s >> 8, s & 255)];
-    si.spec.ip_families = vec![IpFamily::IPv4];
-    si.spec.ports = [("http", 80), ("metrics", 9090)]
-        .into_iter()
-        .map(|(name, port)| ServicePort {
-            name: Some(name.into()),
-            protocol: Some("TCP".into()),
-            app_protocol: None,
-            port,
-        })
-        .collect();
-    si
+/// Service `s`'s ServiceImport, as the controller writes it.
+fn service_import(s: usize) -> ServiceImport {
+    import(synthetic::NAMESPACE, &synthetic::service_name(s))
+        .resource_version(&s.to_string())
+        .ips([synthetic::vip(s).to_string()])
+        .families(&[IpFamily::IPv4])
+        .ports(
+            synthetic::PORTS
+                .iter()
+                .map(|&(port, _, name)| (name, "TCP", i32::from(port))),
+        )
+        .build()
 }
 
 /// Service `s`'s slice from cluster `c`; with `moved`, its first endpoint is another pod.
-fn slice(s: usize, c: usize, moved: bool) -> EndpointSlice {
-    EndpointSlice {
-        metadata: ObjectMeta {
-            name: Some(format!("svc-{s}-cluster-{c}-ipv4")),
-            namespace: Some("bench".into()),
-            resource_version: Some(format!(
-                "{}",
-                100_000 + s * CLUSTERS + c + usize::from(moved)
-            )),
-            labels: Some(BTreeMap::from([
-                (LABEL_SERVICE_NAME.to_owned(), format!("svc-{s}")),
-                (LABEL_SOURCE_CLUSTER.to_owned(), format!("cluster-{c}")),
-                (LABEL_MANAGED_BY.to_owned(), MANAGED_BY.to_owned()),
-            ])),
-            ..Default::default()
-        },
-        address_type: "IPv4".into(),
-        ports: Some(
-            [("http", 8080), ("metrics", 9090)]
-                .into_iter()
-                .map(|(name, port)| EndpointPort {
-                    name: Some(name.into()),
-                    protocol: Some("TCP".into()),
-                    port: Some(port),
-                    app_protocol: None,
-                })
-                .collect(),
-        ),
-        endpoints: (0..ENDPOINTS)
-            .map(|e| Endpoint {
-                addresses: vec![if moved && e == 0 {
-                    dataplane_core::synthetic::pod_ip(c, SERVICES * ENDPOINTS + 1)
-                } else {
-                    dataplane_core::synthetic::pod_ip(c, s * ENDPOINTS + e)
-                }],
-                conditions: Some(EndpointConditions {
-                    ready: Some(true),
-                    serving: Some(true),
-                    terminating: Some(false),
-                }),
-                ..Default::default()
-            })
-            .collect(),
-    }
+fn service_slice(s: usize, c: usize, moved: bool) -> EndpointSlice {
+    let cluster = synthetic::cluster_id(c);
+    imported_slice(
+        synthetic::NAMESPACE,
+        &format!("{}-{cluster}-ipv4", synthetic::service_name(s)),
+        &synthetic::service_name(s),
+        cluster.as_str(),
+    )
+    .label(LABEL_MANAGED_BY, MANAGED_BY)
+    .resource_version(&(100_000 + s * SHAPE.clusters + c + usize::from(moved)).to_string())
+    .ports(
+        synthetic::PORTS
+            .iter()
+            .map(|&(_, target, name)| (name, "TCP", i32::from(target))),
+    )
+    .endpoints((0..SHAPE.endpoints).map(|e| {
+        let i = if moved && e == 0 {
+            SHAPE.services * SHAPE.endpoints + 1
+        } else {
+            s * SHAPE.endpoints + e
+        };
+        endpoint(&synthetic::pod_ip(c, i)).ready()
+    }))
+    .build()
 }
 
 /// Room for a million backends and slots (the kernel defaults are smaller).
@@ -129,12 +97,17 @@ fn owned_sorted<K: kube::Resource + Clone>(state: &[Arc<K>]) -> Vec<K> {
 }
 
 fn bench(c: &mut Criterion) {
-    let imports: Vec<Arc<ServiceImport>> = (0..SERVICES).map(|s| Arc::new(import(s))).collect();
-    let slices: Vec<Arc<EndpointSlice>> = (0..SERVICES)
-        .flat_map(|s| (0..CLUSTERS).map(move |c| Arc::new(slice(s, c, false))))
+    let imports: Vec<Arc<ServiceImport>> = (0..SHAPE.services)
+        .map(|s| Arc::new(service_import(s)))
+        .collect();
+    let slices: Vec<Arc<EndpointSlice>> = (0..SHAPE.services)
+        .flat_map(|s| (0..SHAPE.clusters).map(move |c| Arc::new(service_slice(s, c, false))))
         .collect();
     // The changed slice, both ways; it sits at index 0 of `slices`.
-    let versions = [Arc::new(slice(0, 0, false)), Arc::new(slice(0, 0, true))];
+    let versions = [
+        Arc::new(service_slice(0, 0, false)),
+        Arc::new(service_slice(0, 0, true)),
+    ];
 
     let mut group = c.benchmark_group("node_event");
     group.sample_size(10);

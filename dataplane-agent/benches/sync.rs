@@ -8,15 +8,17 @@
 //!
 //! `AYA_BUILD_SKIP=1 cargo bench -p dataplane-agent --bench sync`
 
-use std::net::{IpAddr, Ipv4Addr};
-
 use criterion::{Criterion, criterion_group, criterion_main};
 use dataplane_agent::bpf::{
     maps::{Capacities, MemMaps},
     sync::MapSync,
 };
 use dataplane_core::{
-    lb::{Backend, Frontend, FrontendAddr, LbTable, Protocol},
+    fixtures::{
+        lb_table,
+        synthetic::{self, Shape},
+    },
+    lb::{Backend, LbTable},
     model::{ClusterId, NamespacedName},
 };
 
@@ -24,45 +26,27 @@ use dataplane_core::{
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const SERVICES: usize = 10_000;
-const CLUSTERS: usize = 5;
-const ENDPOINTS: usize = 10;
-/// (service port, endpoint port, name)
-const PORTS: [(u16, u16, &str); 2] = [(80, 8080, "http"), (9090, 9090, "metrics")];
-
-fn vip(s: usize) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(241, 0, (s >> 8) as u8, (s & 255) as u8))
-}
-
-/// A unique pod IP per cluster and endpoint index.
-fn pod(c: usize, i: usize) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(
-        10 + c as u8,
-        ((i >> 16) & 255) as u8,
-        ((i >> 8) & 255) as u8,
-        (i & 255) as u8,
-    ))
-}
+const SHAPE: Shape = Shape::CONTROL_PLANE;
 
 fn service(s: usize) -> NamespacedName {
-    NamespacedName::new("bench", format!("svc-{s}"))
+    NamespacedName::new(synthetic::NAMESPACE, synthetic::service_name(s))
 }
 
 /// The table; with `changed`, service 0's first endpoint in cluster 0 is another pod.
 fn table(clusters: &[ClusterId], changed: bool) -> LbTable {
-    let mut t = LbTable::default();
-    for s in 0..SERVICES {
-        let name = service(s);
-        t.vips.insert(vip(s), name.clone());
-        for (port, target, port_name) in PORTS {
-            let mut backends = Vec::with_capacity(CLUSTERS * ENDPOINTS);
+    let mut t = lb_table();
+    for s in 0..SHAPE.services {
+        t = t.service(service(s), synthetic::vip(s));
+        for (port, target, port_name) in synthetic::PORTS {
+            let mut backends = Vec::with_capacity(SHAPE.clusters * SHAPE.endpoints);
             for (c, cluster) in clusters.iter().enumerate() {
-                for e in 0..ENDPOINTS {
+                for e in 0..SHAPE.endpoints {
                     let ip = if changed && s == 0 && c == 0 && e == 0 {
-                        pod(c, SERVICES * ENDPOINTS + 1)
+                        synthetic::pod_addr(c, SHAPE.services * SHAPE.endpoints + 1)
                     } else {
-                        pod(c, s * ENDPOINTS + e)
+                        synthetic::pod_addr(c, s * SHAPE.endpoints + e)
                     };
+                    // The cluster's one id, shared by its backends.
                     backends.push(Backend {
                         cluster: cluster.clone(),
                         ip,
@@ -71,28 +55,14 @@ fn table(clusters: &[ClusterId], changed: bool) -> LbTable {
                 }
             }
             backends.sort();
-            t.frontends.insert(
-                FrontendAddr {
-                    ip: vip(s),
-                    port,
-                    protocol: Protocol::Tcp,
-                },
-                Frontend {
-                    service: name.clone(),
-                    port_name: port_name.to_owned(),
-                    affinity_timeout_s: None,
-                    backends,
-                },
-            );
+            t = t.tcp(port, port_name, backends);
         }
     }
-    t
+    t.build()
 }
 
 fn bench(c: &mut Criterion) {
-    let clusters: Vec<ClusterId> = (0..CLUSTERS)
-        .map(|i| ClusterId::new(format!("cluster-{i}")).expect("valid id"))
-        .collect();
+    let clusters: Vec<ClusterId> = (0..SHAPE.clusters).map(synthetic::cluster_id).collect();
     let tables = [table(&clusters, false), table(&clusters, true)];
     let changed = std::collections::BTreeSet::from([service(0)]);
     // Room for a million backends and slots (the kernel defaults are smaller).

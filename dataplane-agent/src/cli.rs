@@ -96,6 +96,32 @@ impl DataplaneArgs {
     }
 }
 
+/// The `clusterset.local` DNS server of the node role (docs/dns.md).
+#[derive(Args, Debug, Clone)]
+pub struct DnsArgs {
+    /// Serve clusterset.local DNS on ADDR:PORT, UDP and TCP (repeatable, or comma-separated).
+    /// Off unless given.
+    #[arg(
+        long = "dns-listen",
+        value_name = "ADDR:PORT",
+        env = "MCS_DNS_LISTEN",
+        value_delimiter = ','
+    )]
+    pub listen: Vec<std::net::SocketAddr>,
+    /// TTL of the DNS answers, in seconds.
+    #[arg(long = "dns-ttl", value_name = "SECONDS", default_value_t = crate::dns::zone::DEFAULT_TTL)]
+    pub ttl: u32,
+}
+
+impl DnsArgs {
+    pub fn options(&self) -> crate::dns::DnsOptions {
+        crate::dns::DnsOptions {
+            listen: self.listen.clone(),
+            ttl: self.ttl,
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct NodeArgs {
     /// Directory of YAML files with the local cluster's ServiceImports and imported EndpointSlices.
@@ -103,6 +129,8 @@ pub struct NodeArgs {
     pub from_dir: PathBuf,
     #[command(flatten)]
     pub dataplane: DataplaneArgs,
+    #[command(flatten)]
+    pub dns: DnsArgs,
 }
 
 /// `run`: exactly one of `--clusterset-dir` (standalone) or `--config` (Kubernetes mode).
@@ -156,6 +184,8 @@ pub struct RunArgs {
     pub metrics_address: std::net::SocketAddr,
     #[command(flatten)]
     pub dataplane: DataplaneArgs,
+    #[command(flatten)]
+    pub dns: DnsArgs,
 }
 
 /// This host's name (the default identity).

@@ -324,6 +324,7 @@ impl AgentConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dataplane_core::fixtures::cluster;
     use dataplane_core::merge::ClusterSetCidrs;
 
     fn parse(text: &str) -> Result<AgentConfig, ConfigError> {
@@ -346,8 +347,8 @@ leaderElection: {leaseName: l, leaseDuration: 4s, renewGrace: 1s}
 "#,
         )
         .expect("valid");
-        let east = ClusterId::new("east").expect("id");
-        let west = ClusterId::new("west").expect("id");
+        let east = cluster("east");
+        let west = cluster("west");
         assert_eq!(cfg.local_cluster.as_ref(), Some(&east));
         assert_eq!(
             cfg.member(&west).and_then(|m| m.kubeconfig.clone()),
@@ -375,12 +376,12 @@ leaderElection: {leaseName: l, leaseDuration: 4s, renewGrace: 1s}
     fn local_cluster_may_come_later() {
         let cfg = parse("members: [{id: a}, {id: b, kubeconfig: /k}]\n").expect("valid");
         assert_eq!(cfg.local_cluster, None);
-        assert!(cfg.check_local(&ClusterId::new("a").expect("id")).is_ok());
+        assert!(cfg.check_local(&cluster("a")).is_ok());
         let e = cfg
-            .check_local(&ClusterId::new("b").expect("id"))
+            .check_local(&cluster("b"))
             .expect_err("a has no kubeconfig");
         assert!(e.contains("members.a"), "{e}");
-        assert!(cfg.check_local(&ClusterId::new("c").expect("id")).is_err());
+        assert!(cfg.check_local(&cluster("c")).is_err());
     }
 
     #[test]
@@ -427,7 +428,7 @@ leaderElection: {leaseName: l, leaseDuration: 4s, renewGrace: 1s}
     fn the_shipped_example_parses() {
         let text = include_str!("../../deploy/examples/clusterset-config.yaml");
         let cfg = parse(text).expect("deploy/examples/clusterset-config.yaml");
-        assert_eq!(cfg.local_cluster, Some(ClusterId::new("east").expect("id")));
+        assert_eq!(cfg.local_cluster, Some(cluster("east")));
         assert_eq!(cfg.members.len(), 2);
         assert_eq!(cfg.unreachable_grace, DEFAULT_UNREACHABLE_GRACE);
         assert_eq!(cfg.clusterset.cidrs, ClusterSetCidrs::default());

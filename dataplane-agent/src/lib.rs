@@ -6,6 +6,7 @@
 pub mod bpf;
 pub mod cli;
 pub mod config;
+pub mod dns;
 pub mod roles;
 pub mod sink;
 pub mod source;

@@ -39,7 +39,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Node(args) => {
             let cfg = args.dataplane.loader_config().map_err(anyhow::Error::msg)?;
-            block_on(node::run_from_dir(args.from_dir, &cfg))?.context("node role")
+            block_on(node::run_from_dir(args.from_dir, &cfg, &args.dns.options()))?
+                .context("node role")
         }
         Command::Run(args) => {
             let cfg = args.dataplane.loader_config().map_err(anyhow::Error::msg)?;
@@ -50,6 +51,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     identity: args.identity.clone().unwrap_or_else(cli::hostname),
                     lease_namespace: args.lease_namespace.clone(),
                     telemetry_address: args.metrics_address,
+                    dns: args.dns.options(),
                 };
                 return Ok(block_on(kube::run(config, config_path, options, cfg))??);
             }
@@ -60,6 +62,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 dir,
                 cluster: args.cluster.clone(),
                 report: args.report.clone(),
+                dns: args.dns.options(),
             };
             Ok(block_on(standalone::run(settings, &cfg))??)
         }

@@ -39,6 +39,9 @@ pub struct Explanation {
     /// One verdict per cluster the import lists or that has slices of its service, sorted by
     /// id; empty when the address is not a port of an import.
     pub clusters: Vec<ClusterVerdict>,
+    /// The `clusterset.local` names of the service and port (served with `--dns-listen`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dns_names: Vec<String>,
 }
 
 impl fmt::Display for Explanation {
@@ -51,6 +54,9 @@ impl fmt::Display for Explanation {
                 "not eligible"
             };
             writeln!(f, "  {:<20} {mark:<13} {}", c.cluster, c.reason)?;
+        }
+        if !self.dns_names.is_empty() {
+            writeln!(f, "  DNS: {}", self.dns_names.join(" "))?;
         }
         Ok(())
     }
@@ -87,6 +93,7 @@ pub fn explain(
             service: None,
             outcome: "not a ClusterSet IP on this node: traffic passes through untouched".into(),
             clusters: Vec::new(),
+            dns_names: Vec::new(),
         };
     };
     let Some(si) = imports
@@ -98,6 +105,7 @@ pub fn explain(
             service: Some(owner.to_string()),
             outcome: "the import owning this VIP is gone".into(),
             clusters: Vec::new(),
+            dns_names: Vec::new(),
         };
     };
     let family = IpFamily::of(&ip);
@@ -123,6 +131,7 @@ pub fn explain(
                 served.join(", ")
             ),
             clusters: Vec::new(),
+            dns_names: Vec::new(),
         };
     };
     let port_name = declared.name_or_empty().to_owned();
@@ -206,15 +215,20 @@ pub fn explain(
         service: Some(owner.to_string()),
         outcome,
         clusters: verdicts,
+        dns_names: crate::model::dns::service_port_names(
+            &owner.namespace,
+            &owner.name,
+            &port_name,
+            &protocol.to_string(),
+        ),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
     use super::*;
-    use crate::manifest::{Manifest, parse_documents};
+    use crate::fixtures::manifests;
+    use crate::manifest::Manifest;
 
     const INPUT: &str = r#"
 apiVersion: multicluster.x-k8s.io/v1beta1
@@ -270,11 +284,9 @@ endpoints: [{addresses: [10.3.0.1], conditions: {ready: false}}]
 "#;
 
     fn inputs() -> (Vec<ServiceImport>, Vec<EndpointSlice>) {
-        let (objects, errors) = parse_documents(INPUT, Path::new("t.yaml"));
-        assert!(errors.is_empty(), "{errors:?}");
         let mut imports = Vec::new();
         let mut slices = Vec::new();
-        for o in objects {
+        for o in manifests(INPUT) {
             match o {
                 Manifest::ServiceImport(si) => imports.push(*si),
                 Manifest::EndpointSlice(s) => slices.push(*s),
@@ -302,6 +314,17 @@ endpoints: [{addresses: [10.3.0.1], conditions: {ready: false}}]
             Protocol::Tcp,
         );
         assert!(e.outcome.contains("2 backend(s)"), "{e}");
+        assert_eq!(
+            e.dns_names,
+            [
+                "web.demo.svc.clusterset.local.",
+                "_admin._tcp.web.demo.svc.clusterset.local."
+            ]
+        );
+        assert!(
+            e.to_string()
+                .contains("\n  DNS: web.demo.svc.clusterset.local. _admin._tcp.")
+        );
         let v = verdicts(&e);
         assert_eq!(
             v[0],

@@ -52,11 +52,11 @@
 #![deny(missing_docs)]
 
 pub mod explain;
+#[cfg(any(test, feature = "fixtures"))]
+pub mod fixtures;
 pub mod lb;
 pub mod manifest;
 pub mod merge;
 pub mod model;
 pub mod plan;
 pub mod reconcile;
-#[doc(hidden)]
-pub mod synthetic;

@@ -29,7 +29,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::{
     merge::{
-        self, ClusterSetConfig, ClusterSnapshot, MergeOutput,
+        ClusterSetConfig, ClusterSnapshot, MemberChange, MergeOutput, MergeState,
         conditions::{ConditionStatus, ConditionType},
     },
     model::{
@@ -147,44 +147,14 @@ pub fn desired(
     withdrawn: &BTreeSet<ClusterId>,
     grace: Duration,
 ) -> MergeOutput {
-    let snapshots: Vec<ClusterSnapshot> = snapshots
-        .iter()
-        .map(|s| {
-            let mut s = s.clone();
-            if withdrawn.contains(&s.cluster) {
-                s.endpoint_slices.clear();
-            }
-            s
-        })
-        .collect();
-    let mut plan = merge::merge(&snapshots, config, local, existing);
-    if withdrawn.is_empty() {
-        return plan;
+    let mut state = MergeState::new(config.clone(), local.clone());
+    state.set_grace(grace);
+    let mut ignored = BTreeSet::new();
+    for cluster in withdrawn {
+        state.apply(MemberChange::Withdrawn(cluster.clone(), true), &mut ignored);
     }
-    for si in &mut plan.service_imports {
-        let Some(status) = si.status.as_mut() else {
-            continue;
-        };
-        let gone: Vec<String> = status
-            .clusters
-            .iter()
-            .filter(|c| withdrawn.iter().any(|w| w.as_str() == c.cluster))
-            .map(|c| format!("\"{}\"", c.cluster))
-            .collect();
-        if gone.is_empty() {
-            continue;
-        }
-        for c in status.conditions.iter_mut().filter(|c| c.type_ == "Ready") {
-            c.message = format!(
-                "{} Endpoints of cluster {} are withdrawn: its API server has been unreachable \
-                 for longer than the grace period ({}s).",
-                c.message,
-                gone.join(", "),
-                grace.as_secs_f64()
-            );
-        }
-    }
-    plan
+    state.load(snapshots, existing);
+    state.output()
 }
 
 fn key(meta: &ObjectMeta) -> NamespacedName {
@@ -403,7 +373,7 @@ pub fn reconcile(
     import_deletes.sort_by_key(Action::object);
 
     let mut exports = Vec::new();
-    let statuses_by_service: HashMap<&NamespacedName, &merge::ExportStatus> = plan
+    let statuses_by_service: HashMap<&NamespacedName, &crate::merge::ExportStatus> = plan
         .export_statuses
         .iter()
         .filter(|s| &s.cluster == local)
@@ -496,6 +466,7 @@ pub fn conflict_counts(plan: &MergeOutput, local: &ClusterId) -> BTreeMap<String
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::{cluster, endpoint, export, labels, local_slice, service, snapshot};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
     use serde_json::json;
 
@@ -530,13 +501,6 @@ mod tests {
             ]),
             ..Default::default()
         }
-    }
-
-    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
     }
 
     #[test]
@@ -592,26 +556,24 @@ mod tests {
 
     #[test]
     fn withdrawn_members_keep_their_exports_but_lose_their_endpoints() {
-        fn yaml<T: serde::de::DeserializeOwned>(s: &str) -> T {
-            serde_yaml::from_str(s).expect("yaml")
-        }
-        let snapshot = |cluster: &str, ip: &str| {
-            ClusterSnapshot::from_k8s(
-                ClusterId::new(cluster).expect("id"),
-                &[yaml(
-                    "metadata: {name: web, namespace: demo}\nspec: {ipFamilies: [IPv4], ports: [{name: http, port: 80}]}",
-                )],
-                &[yaml("metadata: {name: web, namespace: demo}")],
-                &[yaml(&format!(
-                    "metadata: {{name: web-x, namespace: demo, labels: {{kubernetes.io/service-name: web}}}}\n\
-                     addressType: IPv4\nendpoints: [{{addresses: [{ip}]}}]\nports: [{{name: http, port: 8080}}]"
-                ))],
-                &crate::model::Interner::new(),
-            )
+        let member = |id: &str, ip: &str| {
+            snapshot(id)
+                .service(
+                    service("demo", "web")
+                        .families(&["IPv4"])
+                        .port(("http", 80)),
+                )
+                .export(export("demo", "web"))
+                .slice(
+                    local_slice("demo", "web-x", "web")
+                        .endpoint(endpoint(ip))
+                        .port(("http", 8080)),
+                )
+                .build()
         };
-        let snapshots = [snapshot("east", "10.1.0.1"), snapshot("west", "10.2.0.1")];
-        let east = ClusterId::new("east").expect("id");
-        let withdrawn = BTreeSet::from([ClusterId::new("west").expect("id")]);
+        let snapshots = [member("east", "10.1.0.1"), member("west", "10.2.0.1")];
+        let east = cluster("east");
+        let withdrawn = BTreeSet::from([cluster("west")]);
         let p = desired(
             &snapshots,
             &ClusterSetConfig::default(),

@@ -5,7 +5,10 @@
 #   1. the mcs-api conformance suite (kubernetes-sigs/mcs-api/conformance, both clusters), and
 #   2. the strict-port connectivity cases: traffic to a ClusterSet IP and port reaches only the
 #      clusters whose Service declares that exact port (KEP-1645 after
-#      kubernetes/enhancements#5706), and an undeclared port is refused.
+#      kubernetes/enhancements#5706), and an undeclared port is refused;
+#   3. clusterset.local DNS through CoreDNS: the import's name, its SRV record and the PTR of
+#      its ClusterSet IP resolve from a pod (CoreDNS forwards the zone to the agents'
+#      Service, deploy/coredns/add-stanza.sh).
 #
 # NOT RUN ON THE PROJECT'S BUILD MACHINES: they have no Docker engine (so no kind) and no
 # network beyond package registries. It was written to be correct by reading; run it on a
@@ -16,8 +19,8 @@
 # Environment:
 #   KEEP=1                  keep the clusters after `all`, even on success
 #   MCS_API_REF=<git ref>   mcs-api revision for the conformance suite (default: main)
-#   CONFORMANCE_LABELS=...  ginkgo label filter (default: '!DNS && !Connectivity': the product
-#                           does not serve clusterset.local DNS; set to '' with a DNS provider)
+#   CONFORMANCE_LABELS=...  ginkgo label filter (default: '!DNS && !Connectivity'; the DNS
+#                           cases need the CoreDNS stanza, which `install` adds: set '' to run them)
 #   IMAGE=...               image to build and load (default: mcs-dataplane:e2e)
 set -euo pipefail
 
@@ -194,7 +197,21 @@ EOF
   for c in "${CLUSTERS[@]}"; do
     kc "$c" -n mcs-system rollout status daemonset/mcs-dataplane --timeout=180s
     retry 60 lease_held "$c" || die "no controller lease in ${c}"
+    log "${c}: CoreDNS forwards clusterset.local to the agents"
+    "${ROOT}/deploy/coredns/add-stanza.sh" --context "$(ctx "$c")"
   done
+}
+
+# Resolves clusterset.local names of the echo import through CoreDNS from cluster $1's client.
+dns_resolves() {
+  local c="$1" ip="$2" name="echo.${NS}.svc.clusterset.local"
+  # CoreDNS reloads its Corefile within a minute.
+  retry 120 sh -c "kubectl --context $(ctx "$c") -n ${NS} exec client -- nslookup ${name} 2>/dev/null | grep -q '${ip}'" \
+    || die "${c}: ${name} does not resolve to ${ip} through CoreDNS"
+  kc "$c" -n "${NS}" exec client -- nslookup -type=srv "_http._tcp.${name}" | tee /dev/stderr \
+    | grep -q "80 ${name}" || die "${c}: no SRV record for _http._tcp.${name}"
+  kc "$c" -n "${NS}" exec client -- nslookup "${ip}" | tee /dev/stderr \
+    | grep -q "${name}" || die "${c}: no PTR record for ${ip}"
 }
 
 lease_held() {
@@ -311,6 +328,8 @@ strict_ports() {
     # Give the node role a moment to program the imported slices of both clusters.
     retry 60 sh -c "[ \"\$(kubectl --context $(ctx "$c") -n ${NS} exec client -- wget -qO- -T 2 http://${ip}:9000/hostname 2>/dev/null)\" != '' ]" \
       || die "${c}: ${ip}:9000 never answered"
+    log "${c}: echo.${NS}.svc.clusterset.local resolves through CoreDNS"
+    dns_resolves "$c" "${ip}"
 
     log "${c}: ${ip}:80 is declared by both clusters"
     local r80; r80="$(responders "$c" "${ip}:80" 40)"

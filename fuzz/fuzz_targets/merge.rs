@@ -13,11 +13,13 @@
 
 use std::path::Path;
 
-use dataplane_core::{lb, merge::{self, ClusterSetConfig, ClusterSnapshot}, model::{ClusterId, ServiceImport}};
-use dataplane_agent::{source::{
-        clusterset_dir::parse_config,
-        manifests::{Manifest, parse_documents},
-    }};
+use dataplane_agent::source::{clusterset_dir::parse_config, manifests::parse_documents};
+use dataplane_core::{
+    fixtures::{add_manifest, cluster},
+    lb,
+    merge::{self, ClusterSetConfig, ClusterSnapshot},
+    model::{ClusterId, ServiceImport},
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -30,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
     let n = 2 + usize::from(head & 1);
     let ids: Vec<ClusterId> = ["east", "west", "north"][..n]
         .iter()
-        .filter_map(|c| ClusterId::new(*c).ok())
+        .map(|c| cluster(c))
         .collect();
     let mut snapshots: Vec<ClusterSnapshot> =
         ids.iter().cloned().map(ClusterSnapshot::empty).collect();
@@ -45,14 +47,8 @@ fuzz_target!(|data: &[u8]| {
         }
         let (objects, _errors) = parse_documents(file, Path::new("fuzz.yaml"));
         let snap = &mut snapshots[i % n];
-        for m in objects {
-            match m {
-                Manifest::Service(s) => snap.services.push(*s),
-                Manifest::ServiceExport(s) => snap.service_exports.push(*s),
-                Manifest::EndpointSlice(s) => snap.endpoint_slices.push(*s),
-                Manifest::ServiceImport(s) => existing.push(*s),
-            }
-        }
+        // A ServiceImport, in any file, is an existing import of the importing cluster.
+        existing.extend(objects.into_iter().filter_map(|m| add_manifest(snap, m)));
     }
     let importing = &ids[usize::from(head >> 1) % n];
     let plan = merge::merge(&snapshots, &config, importing, &existing);

@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod bench;
 pub mod clusterset;
+pub mod dns;
 pub mod fake_apiserver;
 pub mod fixtures;
 pub mod netns;

@@ -3,7 +3,7 @@
 //! API server reaches the node agent's maps. Small sizes: this checks the bench, it does not
 //! time anything (`cargo xtask bench` does).
 
-use dataplane_core::synthetic::Shape;
+use dataplane_core::fixtures::synthetic::Shape;
 use tests::{
     bench::control::{self, ControlOptions},
     require_root,

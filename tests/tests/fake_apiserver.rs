@@ -3,8 +3,9 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use dataplane_core::model::{
-    ServiceExport, ServiceExportSpec, ServiceExportStatus, ServiceImport, v1alpha1,
+use dataplane_core::{
+    fixtures::{endpoint, export, import, labels, local_slice, service},
+    model::{ServiceExport, ServiceExportSpec, ServiceExportStatus, ServiceImport, v1alpha1},
 };
 use futures::{Stream, StreamExt};
 use http::{Method, StatusCode};
@@ -45,13 +46,6 @@ fn api_code(res: Result<impl std::fmt::Debug, kube::Error>) -> (u16, String) {
     }
 }
 
-fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
 fn condition(type_: &str, status: &str) -> Condition {
     Condition {
         type_: type_.into(),
@@ -63,16 +57,16 @@ fn condition(type_: &str, status: &str) -> Condition {
     }
 }
 
-fn service_json(ns: &str, name: &str, labels: Value) -> Value {
-    json!({"apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name, "namespace": ns, "labels": labels},
-        "spec": {"ports": [{"port": 80}]}})
+/// A Service with these labels and one unnamed port, 80.
+fn labelled_service(ns: &str, name: &str, labels: &[(&str, &str)]) -> Service {
+    service(ns, name).labels(labels).port(("", 80)).build()
 }
 
-fn slice_json(name: &str, service: &str, ip: &str) -> Value {
-    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": name, "namespace": "demo", "labels": {"kubernetes.io/service-name": service}},
-        "addressType": "IPv4", "endpoints": [{"addresses": [ip]}]})
+/// A slice of `demo/<service>` with one endpoint.
+fn one_endpoint_slice(name: &str, service: &str, ip: &str) -> EndpointSlice {
+    local_slice("demo", name, service)
+        .endpoint(endpoint(ip))
+        .build()
 }
 
 fn rv(meta_rv: &Option<String>) -> u64 {
@@ -409,10 +403,10 @@ async fn server_side_apply_tracks_field_managers() -> anyhow::Result<()> {
 #[tokio::test]
 async fn merge_strategic_and_json_patches() -> anyhow::Result<()> {
     let srv = FakeApiServer::start().await?;
-    srv.put(&service_json(
+    srv.put(&labelled_service(
         "demo",
         "web",
-        json!({"app": "web", "old": "x"}),
+        &[("app", "web"), ("old", "x")],
     ));
     let api: Api<Service> = Api::namespaced(srv.client(), "demo");
 
@@ -486,13 +480,13 @@ async fn merge_strategic_and_json_patches() -> anyhow::Result<()> {
 #[tokio::test]
 async fn lists_select_by_labels_fields_namespace_version_and_scope() -> anyhow::Result<()> {
     let srv = FakeApiServer::start().await?;
-    srv.put(&service_json(
+    srv.put(&labelled_service(
         "a",
         "web",
-        json!({"app": "web", "tier": "fe"}),
+        &[("app", "web"), ("tier", "fe")],
     ));
-    srv.put(&service_json("a", "db", json!({"app": "db"})));
-    srv.put(&service_json("b", "web", json!({"app": "web"})));
+    srv.put(&labelled_service("a", "db", &[("app", "db")]));
+    srv.put(&labelled_service("b", "web", &[("app", "web")]));
     let client = srv.client();
 
     let names = |list: kube::core::ObjectList<Service>| -> Vec<String> {
@@ -604,9 +598,9 @@ async fn lists_select_by_labels_fields_namespace_version_and_scope() -> anyhow::
 #[tokio::test]
 async fn watcher_sees_initial_list_then_changes() -> anyhow::Result<()> {
     let srv = FakeApiServer::start().await?;
-    srv.put(&ServiceExport::new("b", Default::default()).with_ns("demo"));
-    srv.put(&ServiceExport::new("a", Default::default()).with_ns("demo"));
-    srv.put(&ServiceExport::new("other-ns", Default::default()).with_ns("elsewhere"));
+    srv.put(&export("demo", "b").build());
+    srv.put(&export("demo", "a").build());
+    srv.put(&export("elsewhere", "other-ns").build());
     let listed_at = srv.resource_version().to_string();
     let api: Api<ServiceExport> = Api::namespaced(srv.client(), "demo");
     let mut events = watcher(api.clone(), watcher::Config::default()).boxed();
@@ -624,7 +618,7 @@ async fn watcher_sees_initial_list_then_changes() -> anyhow::Result<()> {
     api.patch_status("c", &PatchParams::default(), &Patch::Merge(&status))
         .await?;
     assert_eq!(next_watcher_event(&mut events).await, "Apply(c)");
-    srv.put(&ServiceExport::new("x", Default::default()).with_ns("elsewhere"));
+    srv.put(&export("elsewhere", "x").build());
     api.delete("c", &DeleteParams::default()).await?;
     assert_eq!(
         next_watcher_event(&mut events).await,
@@ -649,21 +643,11 @@ async fn watcher_sees_initial_list_then_changes() -> anyhow::Result<()> {
     Ok(())
 }
 
-trait WithNs {
-    fn with_ns(self, ns: &str) -> Self;
-}
-impl WithNs for ServiceExport {
-    fn with_ns(mut self, ns: &str) -> Self {
-        self.metadata.namespace = Some(ns.into());
-        self
-    }
-}
-
 #[tokio::test]
 async fn streaming_list_watcher_is_supported() -> anyhow::Result<()> {
     let srv = FakeApiServer::start().await?;
-    srv.put(&slice_json("web-1", "web", "10.0.0.1"));
-    srv.put(&slice_json("db-1", "db", "10.0.0.2"));
+    srv.put(&one_endpoint_slice("web-1", "web", "10.0.0.1"));
+    srv.put(&one_endpoint_slice("db-1", "db", "10.0.0.2"));
     let api: Api<EndpointSlice> = Api::namespaced(srv.client(), "demo");
     let config = watcher::Config::default()
         .streaming_lists()
@@ -672,7 +656,7 @@ async fn streaming_list_watcher_is_supported() -> anyhow::Result<()> {
     for want in ["Init", "InitApply(web-1)", "InitDone"] {
         assert_eq!(next_watcher_event(&mut events).await, want);
     }
-    srv.put(&slice_json("web-2", "web", "10.0.0.3"));
+    srv.put(&one_endpoint_slice("web-2", "web", "10.0.0.3"));
     assert_eq!(next_watcher_event(&mut events).await, "Apply(web-2)");
     let first = srv.requests().into_iter().next().expect("a request");
     assert!(first.is_watch(), "no list call with streaming lists");
@@ -700,7 +684,7 @@ async fn raw_watch_protocol() -> anyhow::Result<()> {
         .watch(&WatchParams::default().labels("app=web"), &start)
         .await?
         .boxed();
-    srv.put(&service_json("demo", "svc", json!({"app": "db"})));
+    srv.put(&labelled_service("demo", "svc", &[("app", "db")]));
     let hidden = srv.resource_version();
     match next(&mut stream).await? {
         WatchEvent::Bookmark(b) => assert!(b.metadata.resource_version.parse::<u64>()? >= hidden),
@@ -737,7 +721,7 @@ async fn raw_watch_protocol() -> anyhow::Result<()> {
 
     // Only the last 3 changes are kept: resuming from before them is 410 Gone.
     for i in 0..3 {
-        srv.put(&service_json("demo", &format!("s{i}"), json!({})));
+        srv.put(&labelled_service("demo", &format!("s{i}"), &[]));
     }
     let mut stale = api.watch(&WatchParams::default(), &start).await?.boxed();
     match next(&mut stale).await? {
@@ -793,7 +777,7 @@ where
 async fn reflector_relists_and_converges_after_restart() -> anyhow::Result<()> {
     let srv = FakeApiServer::start().await?;
     for i in 0..5 {
-        srv.put(&slice_json(
+        srv.put(&one_endpoint_slice(
             &format!("web-{i}"),
             "web",
             &format!("10.0.0.{i}"),
@@ -813,9 +797,9 @@ async fn reflector_relists_and_converges_after_restart() -> anyhow::Result<()> {
     srv.clear_requests();
     srv.restart().await;
     // Changes right after the restart, racing the watcher's reconnect, must not be lost.
-    srv.put(&slice_json("web-0", "web", "10.0.1.0"));
+    srv.put(&one_endpoint_slice("web-0", "web", "10.0.1.0"));
     srv.delete::<EndpointSlice>("demo", "web-1");
-    srv.put(&slice_json("web-5", "web", "10.0.0.5"));
+    srv.put(&one_endpoint_slice("web-5", "web", "10.0.0.5"));
     eventually(WAIT, "the reflector matches the server", || {
         (store_versions(&store) == server_versions::<EndpointSlice>(&srv)).then_some(())
     })
@@ -832,7 +816,7 @@ async fn reflector_relists_and_converges_after_restart() -> anyhow::Result<()> {
     );
 
     // And it keeps watching afterwards.
-    srv.put(&slice_json("web-6", "web", "10.0.0.6"));
+    srv.put(&one_endpoint_slice("web-6", "web", "10.0.0.6"));
     eventually(WAIT, "web-6 arrives", || {
         store
             .state()
@@ -851,8 +835,7 @@ async fn reflector_relists_and_converges_after_restart() -> anyhow::Result<()> {
 #[tokio::test]
 async fn reflector_recovers_after_stop_and_resume() -> anyhow::Result<()> {
     let srv = FakeApiServer::start().await?;
-    let mut import = serde_json::json!({"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceImport",
-        "metadata": {"name": "web", "namespace": "demo"}, "spec": {"type": "ClusterSetIP", "ports": [{"port": 80}]}});
+    let mut import = import("demo", "web").port(("", 80)).build();
     srv.put(&import);
     let api: Api<ServiceImport> = Api::namespaced(srv.client(), "demo");
     let Reflector { store, mut errors } =
@@ -871,9 +854,9 @@ async fn reflector_recovers_after_stop_and_resume() -> anyhow::Result<()> {
     // The cut watch cannot be re-established while the server is down.
     tokio::time::timeout(WAIT, errors.wait_for(|n| *n >= 1)).await??;
     // The store changes while the server is down.
-    import["spec"]["ips"] = json!(["241.0.0.1"]);
+    import.spec.ips = vec!["241.0.0.1".into()];
     srv.put(&import);
-    import["metadata"]["name"] = json!("db");
+    import.metadata.name = Some("db".into());
     srv.put(&import);
     srv.clear_requests();
     srv.resume().await?;
@@ -1062,7 +1045,7 @@ async fn finalizers_delay_deletion() -> anyhow::Result<()> {
 #[tokio::test]
 async fn malformed_requests_get_status_errors() -> anyhow::Result<()> {
     let srv = FakeApiServer::start().await?;
-    srv.put(&service_json("demo", "web", json!({})));
+    srv.put(&labelled_service("demo", "web", &[]));
     let client = srv.client();
     const SVCS: &str = "/api/v1/namespaces/demo/services";
     const WEB: &str = "/api/v1/namespaces/demo/services/web";
@@ -1179,7 +1162,7 @@ async fn verifier_checks_exact_ssa_status_patch() -> anyhow::Result<()> {
         json!({"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
             "status": {"conditions": [cond]}}),
     );
-    let mut answer = ServiceExport::new("web", Default::default()).with_ns("demo");
+    let mut answer = export("demo", "web").build();
     answer.status = Some(ServiceExportStatus {
         conditions: vec![cond.clone()],
     });

@@ -16,11 +16,13 @@ use dataplane_agent::{
     telemetry::metrics::Metrics,
 };
 use dataplane_core::{
-    merge::{ClusterSetConfig, ClusterSnapshot},
+    fixtures::{
+        Port, cluster, endpoint, endpoint_slice, export, import, local_slice, service, snapshot,
+    },
+    merge::ClusterSetConfig,
     model::{
-        ClusterId, EndpointSlice, FIELD_MANAGER, Interner, LABEL_APP_MANAGED_BY, LABEL_MANAGED_BY,
-        LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, MANAGED_BY, Service, ServiceExport,
-        ServiceImport,
+        EndpointSlice, FIELD_MANAGER, LABEL_APP_MANAGED_BY, LABEL_MANAGED_BY, LABEL_SERVICE_NAME,
+        LABEL_SOURCE_CLUSTER, MANAGED_BY, Service, ServiceExport, ServiceImport,
     },
     reconcile::{self, Action, EVENT_CONFLICT, EVENT_RESOLVED, Observed},
 };
@@ -30,7 +32,7 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
 };
 use kube::ResourceExt as _;
-use serde_json::{Value, json};
+use serde_json::json;
 use tests::{
     fake_apiserver::{FakeApiServer, RecordedRequest},
     fixtures::{APPLY_PATCH, ExpectedRequest, JSON, eventually, mock_client},
@@ -41,39 +43,32 @@ use tokio::sync::Notify;
 const WAIT: Duration = Duration::from_secs(20);
 const NS: &str = "demo";
 
-fn id(s: &str) -> ClusterId {
-    ClusterId::new(s).expect("cluster id")
+/// A ClusterIP Service `name` with one port, `http`, to 8080.
+fn http_service(name: &str, port: i32) -> Service {
+    service(NS, name)
+        .type_("ClusterIP")
+        .cluster_ip("10.96.0.10")
+        .families(&["IPv4"])
+        .port(Port::new("http", "TCP", port).target_port(8080))
+        .build()
 }
 
-fn service(name: &str, port: i32) -> Value {
-    json!({"apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"type": "ClusterIP", "clusterIP": "10.96.0.10", "ipFamilies": ["IPv4"],
-                 "ports": [{"name": "http", "protocol": "TCP", "port": port, "targetPort": 8080}]}})
-}
-
-fn export(name: &str, created: &str) -> Value {
-    json!({"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
-        "metadata": {"name": name, "namespace": NS, "creationTimestamp": created}})
-}
-
-fn local_slice(service: &str, cluster: &str, ips: &[&str]) -> Value {
-    let endpoints: Vec<Value> = ips
-        .iter()
-        .map(|ip| json!({"addresses": [ip], "conditions": {"ready": true}}))
-        .collect();
-    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": format!("{service}-{cluster}-local"), "namespace": NS,
-                     "labels": {"kubernetes.io/service-name": service}},
-        "addressType": "IPv4", "endpoints": endpoints,
-        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})
+/// `service`'s local slice in `cluster`: one ready endpoint per address, port `http` 8080.
+fn ready_slice(service: &str, cluster: &str, ips: &[&str]) -> EndpointSlice {
+    local_slice(NS, &format!("{service}-{cluster}-local"), service)
+        .endpoints(
+            ips.iter()
+                .map(|ip| endpoint(ip).conditions((Some(true), None, None))),
+        )
+        .port(("http", "TCP", 8080))
+        .build()
 }
 
 /// `web` exported from `cluster` with one endpoint per address.
 fn seed(srv: &FakeApiServer, cluster: &str, created: &str, ips: &[&str]) {
-    srv.put(&service("web", 80));
-    srv.put(&export("web", created));
-    srv.put(&local_slice("web", cluster, ips));
+    srv.put(&http_service("web", 80));
+    srv.put(&export(NS, "web").created(created).build());
+    srv.put(&ready_slice("web", cluster, ips));
 }
 
 /// A controller running in-process for `local`.
@@ -84,7 +79,7 @@ struct Controller {
 
 fn settings(local: &str, grace: Duration) -> Arc<ControllerSettings> {
     Arc::new(ControllerSettings {
-        local: id(local),
+        local: cluster(local),
         clusterset: ClusterSetConfig::default(),
         unreachable_grace: grace,
         probe_interval: Duration::from_millis(100),
@@ -94,7 +89,10 @@ fn settings(local: &str, grace: Duration) -> Arc<ControllerSettings> {
 
 fn start(local: &str, members: &[(&str, &FakeApiServer)], grace: Duration) -> Controller {
     let metrics = Arc::new(Metrics::default());
-    let members = members.iter().map(|(n, s)| (id(n), s.client())).collect();
+    let members = members
+        .iter()
+        .map(|(n, s)| (cluster(n), s.client()))
+        .collect();
     let task = tokio::spawn(controller::run(
         settings(local, grace),
         members,
@@ -322,7 +320,7 @@ async fn port_conflict_appears_on_both_exports_and_clears() -> anyhow::Result<()
         .last_transition_time
         .clone();
 
-    west.put(&service("web", 81));
+    west.put(&http_service("web", 81));
     let conflicted = summary(&[
         ("Conflict", "True", "PortConflict"),
         ("Ready", "True", "Ready"),
@@ -352,7 +350,7 @@ async fn port_conflict_appears_on_both_exports_and_clears() -> anyhow::Result<()
         "Valid did not change status, so its lastTransitionTime stays"
     );
 
-    west.put(&service("web", 80));
+    west.put(&http_service("web", 80));
     for srv in [&east, &west] {
         srv.wait_until(WAIT, "the conflict clears", |s| {
             export_summary(s, "web") == no_conflict()
@@ -379,16 +377,12 @@ async fn unexporting_everywhere_deletes_import_and_slices() -> anyhow::Result<()
     seed(&east, "east", T_EAST, &["10.1.0.1"]);
     seed(&west, "west", T_WEST, &["10.2.0.1"]);
     // Someone else's import and imported slice, without our managed-by label.
+    east.put(&import(NS, "theirs").port(("", 1)).build());
     east.put(
-        &json!({"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceImport",
-        "metadata": {"name": "theirs", "namespace": NS},
-        "spec": {"type": "ClusterSetIP", "ports": [{"port": 1}]}}),
-    );
-    east.put(
-        &json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": "theirs-x", "namespace": NS,
-            "labels": {LABEL_SERVICE_NAME: "theirs", LABEL_MANAGED_BY: "someone-else"}},
-        "addressType": "IPv4", "endpoints": []}),
+        &endpoint_slice(NS, "theirs-x")
+            .label(LABEL_SERVICE_NAME, "theirs")
+            .label(LABEL_MANAGED_BY, "someone-else")
+            .build(),
     );
     let members = [("east", &east), ("west", &west)];
     let _e = start("east", &members, Duration::from_secs(300));
@@ -460,12 +454,12 @@ async fn api_server_restart_converges_without_duplicate_writes() -> anyhow::Resu
     east.restart().await;
     west.restart().await;
     // A change racing the re-lists: a second endpoint in west.
-    west.put(&local_slice("web", "west", &["10.2.0.1", "10.2.0.2"]));
+    west.put(&ready_slice("web", "west", &["10.2.0.1", "10.2.0.2"]));
     converged(&east, &west, &["10.1.0.1"], &["10.2.0.1", "10.2.0.2"]).await?;
     // A later, unrelated change that both controllers must see: when it is done, every write
     // caused by the restart and the first change has been made.
-    west.put(&service("db", 5432));
-    west.put(&export("db", T_WEST));
+    west.put(&http_service("db", 5432));
+    west.put(&export(NS, "db").created(T_WEST).build());
     for srv in [&east, &west] {
         srv.wait_until(WAIT, "db is imported", |s| ready_import(s, "db").is_some())
             .await?;
@@ -520,7 +514,10 @@ async fn elected(
     s.identity = name.to_owned();
     let task = tokio::spawn(elect_and_control(
         Arc::new(s),
-        vec![(id("east"), proxy.client()), (id("west"), west.client())],
+        vec![
+            (cluster("east"), proxy.client()),
+            (cluster("west"), west.client()),
+        ],
         metrics.clone(),
         LeaderElection {
             lease_name: "mcs-dataplane-controller".into(),
@@ -602,7 +599,7 @@ async fn only_the_leader_writes_and_leadership_moves_on_pod_loss() -> anyhow::Re
     })
     .await?;
     // The new leader writes what changes from now on.
-    west.put(&local_slice("web", "west", &["10.2.0.1", "10.2.0.9"]));
+    west.put(&ready_slice("web", "west", &["10.2.0.1", "10.2.0.9"]));
     east.wait_until(WAIT, "the new leader imports the new endpoint", |s| {
         imported(s, "web")
             == expect_imported(&[("east", &["10.1.0.1"]), ("west", &["10.2.0.1", "10.2.0.9"])])
@@ -681,48 +678,24 @@ async fn unreachable_member_is_withdrawn_after_the_grace_period() -> anyhow::Res
 /// Event when a conflict appears.
 #[tokio::test]
 async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()> {
-    let east_svc: Service = serde_json::from_value(service("web", 80))?;
-    let mut west_svc = east_svc.clone();
-    west_svc
-        .spec
-        .as_mut()
-        .expect("spec")
-        .ports
-        .as_mut()
-        .expect("ports")[0]
-        .port = 81;
-    let mut east_export: ServiceExport = serde_json::from_value(export("web", T_EAST))?;
+    let mut east_export = export(NS, "web").created(T_EAST).build();
     east_export.metadata.uid = Some("uid-east-web".into());
-    let west_export: ServiceExport = serde_json::from_value(export("web", T_WEST))?;
-    let names = Interner::new();
     let snapshots = vec![
-        ClusterSnapshot::from_k8s(
-            id("east"),
-            &[east_svc],
-            std::slice::from_ref(&east_export),
-            &[serde_json::from_value(local_slice(
-                "web",
-                "east",
-                &["10.1.0.1"],
-            ))?],
-            &names,
-        ),
-        ClusterSnapshot::from_k8s(
-            id("west"),
-            &[west_svc],
-            &[west_export],
-            &[serde_json::from_value(local_slice(
-                "web",
-                "west",
-                &["10.2.0.1"],
-            ))?],
-            &names,
-        ),
+        snapshot("east")
+            .service(http_service("web", 80))
+            .export(east_export.clone())
+            .slice(ready_slice("web", "east", &["10.1.0.1"]))
+            .build(),
+        snapshot("west")
+            .service(http_service("web", 81))
+            .export(export(NS, "web").created(T_WEST))
+            .slice(ready_slice("web", "west", &["10.2.0.1"]))
+            .build(),
     ];
     let plan = reconcile::desired(
         &snapshots,
         &ClusterSetConfig::default(),
-        &id("east"),
+        &cluster("east"),
         &[],
         &Default::default(),
         Duration::from_secs(300),
@@ -732,7 +705,7 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
         exports: vec![Arc::new(east_export)],
         ..Default::default()
     };
-    let actions = reconcile::reconcile(&plan, &id("east"), &observed, &now);
+    let actions = reconcile::reconcile(&plan, &cluster("east"), &observed, &now);
     let labels: Vec<(&str, &str)> = actions.iter().map(Action::label).collect();
     assert_eq!(
         labels,
@@ -881,7 +854,7 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
         Some([(LABEL_APP_MANAGED_BY.to_owned(), MANAGED_BY.to_owned())].into());
     let status = written.status.as_mut().expect("status");
     status.conditions = reconcile::with_transition_times(&status.conditions, &[], &now);
-    let mut export_after: ServiceExport = serde_json::from_value(export("web", T_EAST))?;
+    let mut export_after = export(NS, "web").created(T_EAST).build();
     export_after.status = Some(dataplane_core::model::ServiceExportStatus {
         conditions: plan.export_statuses[0]
             .conditions
@@ -900,7 +873,7 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
     };
     let later = Time("2026-03-01T13:00:00Z".parse()?);
     assert_eq!(
-        reconcile::reconcile(&plan, &id("east"), &observed, &later),
+        reconcile::reconcile(&plan, &cluster("east"), &observed, &later),
         []
     );
     Ok(())
@@ -920,7 +893,10 @@ async fn cluster_id_comes_from_the_cluster_property() -> anyhow::Result<()> {
         &json!({"apiVersion": "about.k8s.io/v1alpha1", "kind": "ClusterProperty",
         "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": "east"}}),
     );
-    assert_eq!(cluster_id_from_property(srv.client()).await?, id("east"));
+    assert_eq!(
+        cluster_id_from_property(srv.client()).await?,
+        cluster("east")
+    );
     srv.put(
         &json!({"apiVersion": "about.k8s.io/v1alpha1", "kind": "ClusterProperty",
         "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": "Not_A_Label"}}),

@@ -13,7 +13,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dataplane_core::model::{ServiceExport, ServiceImport};
+use dataplane_core::{
+    fixtures::{Port, endpoint, export, import, imported_slice, local_slice, service},
+    model::{IpFamily, LABEL_MANAGED_BY, MANAGED_BY, ServiceExport, ServiceImport},
+};
 use serde_json::{Value, json};
 use tests::{
     agent::Agent,
@@ -27,28 +30,27 @@ const WAIT: Duration = Duration::from_secs(30);
 const NS: &str = "demo";
 
 fn seed(srv: &FakeApiServer, cluster: &str, created: &str, ips: &[String]) {
-    srv.put(&json!({"apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "web", "namespace": NS},
-        "spec": {"type": "ClusterIP", "ipFamilies": ["IPv4"],
-                 "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}]}}));
     srv.put(
-        &json!({"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
-        "metadata": {"name": "web", "namespace": NS, "creationTimestamp": created}}),
+        &service(NS, "web")
+            .type_("ClusterIP")
+            .families(&["IPv4"])
+            .port(Port::new("http", "TCP", 80).target_port(8080))
+            .build(),
     );
-    slice(srv, cluster, ips);
+    srv.put(&export(NS, "web").created(created).build());
+    put_slice(srv, cluster, ips);
 }
 
-fn slice(srv: &FakeApiServer, cluster: &str, ips: &[String]) {
-    let endpoints: Vec<Value> = ips
-        .iter()
-        .map(|ip| json!({"addresses": [ip], "conditions": {"ready": true}}))
-        .collect();
+/// `web`'s local slice in `cluster`: one ready endpoint per address.
+fn put_slice(srv: &FakeApiServer, cluster: &str, ips: &[String]) {
     srv.put(
-        &json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": format!("web-{cluster}"), "namespace": NS,
-                     "labels": {"kubernetes.io/service-name": "web"}},
-        "addressType": "IPv4", "endpoints": endpoints,
-        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]}),
+        &local_slice(NS, &format!("web-{cluster}"), "web")
+            .endpoints(
+                ips.iter()
+                    .map(|ip| endpoint(ip).conditions((Some(true), None, None))),
+            )
+            .port(("http", "TCP", 8080))
+            .build(),
     );
 }
 
@@ -296,7 +298,7 @@ fn node_role_follows_imported_slices_from_the_api() {
     );
 
     // A new endpoint in east: the slice changes, the maps follow.
-    slice(&east, "east", &[east_ip.clone(), east_ip2.clone()]);
+    put_slice(&east, "east", &[east_ip.clone(), east_ip2.clone()]);
     let three = set(&[
         &format!("east/{east_ip}:8080"),
         &format!("east/{east_ip2}:8080"),
@@ -367,20 +369,20 @@ fn node_role_follows_imported_slices_from_the_api() {
     wait_backends(&mut agent, &vip, 80, &east_only).expect("still east only");
 }
 
-/// An imported slice of `web` from `cluster`, as the controller would write it.
-fn imported_slice(srv: &FakeApiServer, name: &str, service: &str, cluster: &str, ips: &[&str]) {
-    let endpoints: Vec<Value> = ips
-        .iter()
-        .map(|ip| json!({"addresses": [ip], "conditions": {"ready": true}, "nodeName": "n1"}))
-        .collect();
-    srv.put(&json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": name, "namespace": NS,
-                     "annotations": {"unused": "x"},
-                     "labels": {"multicluster.kubernetes.io/service-name": service,
-                                "multicluster.kubernetes.io/source-cluster": cluster,
-                                "endpointslice.kubernetes.io/managed-by": "mcs-dataplane.x-k8s.io"}},
-        "addressType": "IPv4", "endpoints": endpoints,
-        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]}));
+/// An imported slice of `service` from `cluster`, as the controller would write it.
+fn put_imported_slice(srv: &FakeApiServer, name: &str, service: &str, cluster: &str, ips: &[&str]) {
+    srv.put(
+        &imported_slice(NS, name, service, cluster)
+            .annotation("unused", "x")
+            .label(LABEL_MANAGED_BY, MANAGED_BY)
+            .endpoints(ips.iter().map(|ip| {
+                endpoint(ip)
+                    .conditions((Some(true), None, None))
+                    .node_name("n1")
+            }))
+            .port(("http", "TCP", 8080))
+            .build(),
+    );
 }
 
 /// `--roles node`: the node role alone routes ServiceImports and imported slices seeded
@@ -396,14 +398,15 @@ fn node_only_role_routes_seeded_imports() {
     let (vip, vip2) = ("241.0.9.1", "241.0.9.2");
     for (name, ip) in [("web", vip), ("api", vip2)] {
         api.put(
-            &json!({"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceImport",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"type": "ClusterSetIP", "ips": [ip], "ipFamilies": ["IPv4"],
-                     "ports": [{"name": "http", "protocol": "TCP", "port": 80}]}}),
+            &import(NS, name)
+                .ips([ip])
+                .families(&[IpFamily::IPv4])
+                .port(("http", "TCP", 80))
+                .build(),
         );
     }
-    imported_slice(&api, "web-east", "web", "east", &["10.9.0.1"]);
-    imported_slice(&api, "web-west", "web", "west", &["10.9.1.1"]);
+    put_imported_slice(&api, "web-east", "web", "east", &["10.9.0.1"]);
+    put_imported_slice(&api, "web-west", "web", "west", &["10.9.1.1"]);
 
     let dir = topo.dir.join("kube-node");
     std::fs::create_dir_all(&dir).expect("dir");
@@ -438,7 +441,7 @@ fn node_only_role_routes_seeded_imports() {
     .expect("seeded slices routed");
     wait_backends(&mut agent, vip2, 80, &set(&[])).expect("api refuses");
 
-    imported_slice(&api, "web-east", "web", "east", &["10.9.0.1", "10.9.0.2"]);
+    put_imported_slice(&api, "web-east", "web", "east", &["10.9.0.1", "10.9.0.2"]);
     wait_backends(
         &mut agent,
         vip,
@@ -451,7 +454,7 @@ fn node_only_role_routes_seeded_imports() {
     )
     .expect("a new endpoint");
     // West's slice moves to api by its label: it leaves web and joins api.
-    imported_slice(&api, "web-west", "api", "west", &["10.9.1.1"]);
+    put_imported_slice(&api, "web-west", "api", "west", &["10.9.1.1"]);
     wait_backends(&mut agent, vip2, 80, &set(&["west/10.9.1.1:8080"])).expect("moved in");
     wait_backends(
         &mut agent,

@@ -59,8 +59,8 @@ enum Task {
         check: bool,
     },
     /// Benchmarks: the socket LB against kube-proxy's iptables and nftables rule shapes and a
-    /// direct connection, and the control plane at scale. Writes target/bench/report.md,
-    /// report.json and datapath.png.
+    /// direct connection, the control plane at scale, and clusterset.local DNS against NSD.
+    /// Writes target/bench/report.md, report.json and datapath.png.
     Bench {
         /// A reduced run for a smoke check (under 3 minutes).
         #[arg(long)]
@@ -68,8 +68,9 @@ enum Task {
         /// Skip `setup` (for machines that are already set up).
         #[arg(long)]
         no_setup: bool,
-        /// More arguments for `mcs-bench` (e.g. `--only datapath`, `--services 1,1000`,
-        /// `--modes socket-lb,direct`, `--seconds 3`).
+        /// More arguments for `mcs-bench` (e.g. `--only datapath`, `--only dns`,
+        /// `--services 1,1000`, `--dns-imports 1000,10000`, `--modes socket-lb,direct`,
+        /// `--seconds 3`).
         #[arg(last = true)]
         args: Vec<String>,
     },

@@ -7,8 +7,8 @@ use anyhow::{Context as _, bail};
 use crate::run;
 
 /// Debian packages: LLVM 22 for bpf-linker; iproute2 for the test namespaces; bpftool to read
-/// the maps; iptables and nftables for the benchmarks' kube-proxy modes, and a font for the
-/// benchmark plot.
+/// the maps; iptables and nftables for the benchmarks' kube-proxy modes, dnsperf and NSD for the
+/// DNS benchmark, and a font for the benchmark plot.
 const PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "libpolly-22-dev",
@@ -16,6 +16,8 @@ const PACKAGES: &[&str] = &[
     "bpftool",
     "iptables",
     "nftables",
+    "dnsperf",
+    "nsd",
     "fonts-dejavu-core",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";

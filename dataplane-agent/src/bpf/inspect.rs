@@ -57,6 +57,8 @@ pub struct FrontendRow {
     pub translations: u64,
     pub affinity_hits: u64,
     pub rejects: u64,
+    /// The `clusterset.local` names of the service and port (served with `--dns-listen`).
+    pub dns_names: Vec<String>,
 }
 
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -91,6 +93,12 @@ pub fn rows(contents: &MapContents) -> Vec<FrontendRow> {
                 port_name: d.port_name.clone(),
                 ip: addr.ip().to_string(),
                 port,
+                dns_names: dataplane_core::model::dns::service_port_names(
+                    &service.namespace,
+                    &service.name,
+                    &d.port_name,
+                    &protocol,
+                ),
                 protocol,
                 id: fe.id,
                 affinity_timeout_seconds: (fe.flags & dataplane_ebpf::FRONTEND_F_AFFINITY != 0)
@@ -170,6 +178,20 @@ pub fn links(pin_dir: &Path) -> Vec<LinkSummary> {
     links
 }
 
+/// `IP:PORT/PROTO`, `[IPv6]:PORT/PROTO`, or `IP:*` for the per-VIP entry.
+fn frontend_text(f: &FrontendRow) -> String {
+    let port = if f.protocol == "*" {
+        "*".to_owned()
+    } else {
+        format!("{}/{}", f.port, f.protocol)
+    };
+    if f.ip.contains(':') {
+        format!("[{}]:{port}", f.ip)
+    } else {
+        format!("{}:{port}", f.ip)
+    }
+}
+
 /// A human-readable table.
 pub fn render_text(i: &Inspection) -> String {
     let mut out = String::new();
@@ -202,16 +224,7 @@ pub fn render_text(i: &Inspection) -> String {
         "FRONTEND", "SERVICE/PORT", "XLATED", "AFFINITY", "REJECTED"
     );
     for f in &i.frontends {
-        let port = if f.protocol == "*" {
-            "*".to_owned()
-        } else {
-            format!("{}/{}", f.port, f.protocol)
-        };
-        let frontend = if f.ip.contains(':') {
-            format!("[{}]:{port}", f.ip)
-        } else {
-            format!("{}:{port}", f.ip)
-        };
+        let frontend = frontend_text(f);
         let service = if f.protocol == "*" {
             format!("{}/{} (other ports refused)", f.namespace, f.name)
         } else {
@@ -239,6 +252,11 @@ pub fn render_text(i: &Inspection) -> String {
             "{frontend:<28} {service:<30} {:>8} {:>8} {:>8}  {backends}",
             f.translations, f.affinity_hits, f.rejects
         );
+    }
+    // The names clients resolve (served by a node agent with --dns-listen).
+    let _ = writeln!(out, "\n{:<28} DNS NAMES", "FRONTEND");
+    for f in i.frontends.iter().filter(|f| f.protocol != "*") {
+        let _ = writeln!(out, "{:<28} {}", frontend_text(f), f.dns_names.join(" "));
     }
     out
 }

@@ -3,13 +3,13 @@
 //! rewritten without a grace period since a frontend last pointed at it.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 use dataplane_core::{
+    fixtures::{backend, lb_table},
     lb::{Backend, Frontend, FrontendAddr, LbTable, Protocol},
-    model::ClusterId,
 };
 use dataplane_ebpf::{AffinityMatchKey, ClusterName, FRONTEND_F_WILDCARD, FrontendName, Slot};
 use proptest::prelude::*;
@@ -89,38 +89,19 @@ fn svc(name: &str) -> NamespacedName {
     NamespacedName::new("ns", name)
 }
 
-fn backend(cluster: &str, ip: IpAddr, port: u16) -> Backend {
-    Backend {
-        cluster: ClusterId::new(cluster).unwrap(),
-        ip,
-        port,
-    }
-}
-
 /// One service of a test table: (service, vip, [(port, [backends])]).
 type ServiceSpec<'a> = (&'a str, IpAddr, Vec<(u16, Vec<Backend>)>);
 
+/// A table of TCP frontends named `p<port>`.
 fn table(spec: &[ServiceSpec]) -> LbTable {
-    let mut t = LbTable::default();
+    let mut t = lb_table();
     for (name, vip, ports) in spec {
-        t.vips.insert(*vip, svc(name));
+        t = t.service(svc(name), *vip);
         for (port, backends) in ports {
-            t.frontends.insert(
-                FrontendAddr {
-                    ip: *vip,
-                    port: *port,
-                    protocol: Protocol::Tcp,
-                },
-                Frontend {
-                    service: svc(name),
-                    port_name: format!("p{port}"),
-                    affinity_timeout_s: None,
-                    backends: backends.clone(),
-                },
-            );
+            t = t.tcp(*port, &format!("p{port}"), backends.clone());
         }
     }
-    t
+    t.build()
 }
 
 fn v4(last: u8) -> IpAddr {
@@ -622,18 +603,18 @@ fn arb_table() -> impl Strategy<Value = LbTable> {
         prop::collection::vec(port, 1..3),
     );
     prop::collection::vec(service, 0..4).prop_map(|services| {
-        let mut t = LbTable::default();
+        let mut t = lb_table();
+        let mut vips = BTreeSet::new();
         for (n, owner, v6, ports) in services {
             let vip = if v6 {
                 IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, n as u16))
             } else {
                 IpAddr::V4(Ipv4Addr::new(241, 0, 0, n))
             };
-            let name = svc(&format!("s{}", (n + owner) % 6));
-            if t.vips.contains_key(&vip) {
+            if !vips.insert(vip) {
                 continue;
             }
-            t.vips.insert(vip, name.clone());
+            t = t.service(svc(&format!("s{}", (n + owner) % 6)), vip);
             for (port, backends, affinity) in ports {
                 let mut bs: Vec<Backend> = backends
                     .into_iter()
@@ -642,22 +623,10 @@ fn arb_table() -> impl Strategy<Value = LbTable> {
                     .collect();
                 bs.sort();
                 bs.dedup();
-                t.frontends.insert(
-                    FrontendAddr {
-                        ip: vip,
-                        port,
-                        protocol: Protocol::Tcp,
-                    },
-                    Frontend {
-                        service: name.clone(),
-                        port_name: String::new(),
-                        affinity_timeout_s: affinity.then_some(30),
-                        backends: bs,
-                    },
-                );
+                t = t.tcp(port, "", bs).affinity(affinity.then_some(30));
             }
         }
-        t
+        t.build()
     })
 }
 

@@ -76,6 +76,8 @@ pub enum KubeModeError {
     },
     #[error(transparent)]
     Node(#[from] node::NodeError),
+    #[error(transparent)]
+    Dns(#[from] crate::dns::server::DnsServerError),
 }
 
 /// Which roles a Kubernetes-mode agent runs.
@@ -111,6 +113,8 @@ pub struct KubeModeOptions {
     pub lease_namespace: String,
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     pub telemetry_address: SocketAddr,
+    /// The node role's `clusterset.local` DNS server (off without addresses).
+    pub dns: crate::dns::DnsOptions,
 }
 
 /// A kube client for `member`; `relative_to` resolves a relative kubeconfig path (the config
@@ -285,6 +289,11 @@ pub async fn run(
     loader: LoaderConfig,
 ) -> Result<(), KubeModeError> {
     let roles = options.roles;
+    if !roles.node() && !options.dns.listen.is_empty() {
+        return Err(KubeModeError::Config(
+            "--dns-listen needs the node role (--roles node or all)".into(),
+        ));
+    }
     let config_dir = config_path
         .parent()
         .map(Path::to_owned)
@@ -302,8 +311,14 @@ pub async fn run(
     info!(%addr, "serving /metrics, /healthz and /readyz");
     let telemetry = tokio::spawn(server::serve(listener, metrics.clone(), health.clone()));
 
+    let mut dns_server = None;
     let node = if roles.node() {
-        Some(Node::start(&loader)?)
+        let mut node = Node::start(&loader)?;
+        if let Some((zone, server)) = crate::dns::start(&options.dns)? {
+            node = node.with_dns(zone);
+            dns_server = Some(server);
+        }
+        Some(node)
     } else {
         None
     };
@@ -369,5 +384,6 @@ pub async fn run(
         let _ = tokio::time::timeout(Duration::from_secs(6), control).await;
     }
     telemetry.abort();
+    drop(dns_server);
     Ok(())
 }

@@ -23,6 +23,7 @@ use crate::{
         maps::MapWriter as _,
         sync::{MapSync, SyncReport},
     },
+    dns::{DnsOptions, DnsZone, server::DnsServer},
     source::{
         feed::{self, Change, ChangeReceiver},
         node_dir,
@@ -42,6 +43,8 @@ pub enum NodeError {
     Read(#[from] crate::bpf::kernel::KernelMapError),
     #[error("adopting the pinned maps: {0}")]
     Adopt(#[from] crate::bpf::maps::MapWriteError),
+    #[error(transparent)]
+    Dns(#[from] crate::dns::server::DnsServerError),
 }
 
 /// The node's dataplane and the mirror of its maps.
@@ -54,6 +57,8 @@ pub struct Node {
     synced: bool,
     /// Services whose last write was refused (a full map): tried again with the next change.
     retry: BTreeSet<NamespacedName>,
+    /// The `clusterset.local` zone, when this node serves DNS: updated with the maps.
+    dns: Option<DnsZone>,
     pub attachment: Attachment,
     pub program_ids: Vec<(&'static str, u32)>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
@@ -89,10 +94,35 @@ impl Node {
             lb: LbState::default(),
             synced: false,
             retry: BTreeSet::new(),
+            dns: None,
             attachment,
             program_ids,
             logger,
         })
+    }
+
+    /// Keeps `zone` up to date with the inputs, from the first complete lists on (until then
+    /// it answers SERVFAIL).
+    pub fn with_dns(mut self, zone: DnsZone) -> Node {
+        self.dns = Some(zone);
+        self
+    }
+
+    /// [`Node::start`] and, with `dns.listen` set, the DNS server the node feeds (it serves
+    /// until the returned server is dropped).
+    pub fn start_with_dns(
+        cfg: &LoaderConfig,
+        dns: &DnsOptions,
+    ) -> Result<(Node, Option<DnsServer>), NodeError> {
+        let mut node = Node::start(cfg)?;
+        let server = match crate::dns::start(dns)? {
+            Some((zone, server)) => {
+                node = node.with_dns(zone);
+                Some(server)
+            }
+            None => None,
+        };
+        Ok((node, server))
     }
 
     /// Takes the eBPF log reader, to be pumped by [`pump_bpf_logs`].
@@ -111,6 +141,16 @@ impl Node {
         }
         if !self.inputs.is_ready() {
             return None;
+        }
+        if let Some(dns) = &self.dns {
+            let inputs = &self.inputs;
+            if self.synced {
+                if !dirty.is_empty() {
+                    dns.sync(&dirty, |s| inputs.inputs(s), false);
+                }
+            } else {
+                dns.sync(inputs.services(), |s| inputs.inputs(s), true);
+            }
         }
         // The first sync is a full one: it prunes what adopted maps hold that the inputs do
         // not. Later ones rebuild and write only the services that changed.
@@ -201,8 +241,12 @@ pub async fn pump_bpf_logs(logger: aya_log::EbpfLogger<&'static dyn log::Log>) {
 }
 
 /// `node --from-dir DIR`: the node role fed by a node directory, until SIGTERM or SIGINT.
-pub async fn run_from_dir(dir: PathBuf, loader: &LoaderConfig) -> Result<(), NodeError> {
-    let node = Node::start(loader)?;
+pub async fn run_from_dir(
+    dir: PathBuf,
+    loader: &LoaderConfig,
+    dns: &DnsOptions,
+) -> Result<(), NodeError> {
+    let (node, _dns) = Node::start_with_dns(loader, dns)?;
     let (tx, rx) = feed::channel();
     tokio::spawn(node_dir::watch(dir, tx));
     run(node, rx, shutdown_signal()).await;

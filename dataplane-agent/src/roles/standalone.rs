@@ -22,6 +22,7 @@ use super::{
 };
 use crate::{
     bpf::loader::LoaderConfig,
+    dns::DnsOptions,
     sink::report::write_atomically,
     source::{
         clusterset_dir::{self, PlanError},
@@ -47,6 +48,8 @@ pub struct Standalone {
     pub cluster: Option<ClusterId>,
     /// Where to write the report after every merge.
     pub report: Option<PathBuf>,
+    /// The clusterset.local DNS server, when it listens anywhere.
+    pub dns: DnsOptions,
 }
 
 /// Runs standalone mode until SIGTERM or SIGINT. The directory must merge once before the
@@ -54,7 +57,7 @@ pub struct Standalone {
 /// afterwards.
 pub async fn run(settings: Standalone, loader: &LoaderConfig) -> Result<(), StandaloneError> {
     let first = clusterset_dir::merge(&settings.dir, settings.cluster.as_ref(), None)?;
-    let mut node = Node::start(loader)?;
+    let (mut node, _dns) = Node::start_with_dns(loader, &settings.dns)?;
     if let Some(logger) = node.take_logger() {
         tokio::spawn(node::pump_bpf_logs(logger));
     }

@@ -305,6 +305,7 @@ pub fn read(dir: &Path) -> Result<ClusterSetDir, ClusterSetDirError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dataplane_core::fixtures::cluster;
 
     #[test]
     fn config_defaults_and_errors() {
@@ -317,8 +318,8 @@ mod tests {
         .expect("valid");
         assert_eq!(cfg.cidrs.ipv4.to_string(), "10.99.0.0/24");
         assert_eq!(cfg.cidrs.ipv6, ClusterSetCidrs::default().ipv6);
-        let east = ClusterId::new("east").expect("id");
-        let west = ClusterId::new("west").expect("id");
+        let east = cluster("east");
+        let west = cluster("west");
         assert_eq!(cfg.supported_families(&east), vec![IpFamily::IPv6]);
         assert_eq!(
             cfg.supported_families(&west),

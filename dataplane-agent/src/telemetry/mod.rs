@@ -17,7 +17,13 @@ pub enum LogFormat {
 
 /// Installs the global subscriber. The filter comes from `RUST_LOG` (default `info`).
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // hickory-server logs every DNS query at info: too much for a node's log, unless asked for.
+    if !std::env::var("RUST_LOG").is_ok_and(|v| v.contains("hickory"))
+        && let Ok(quiet) = "hickory_server=warn".parse()
+    {
+        filter = filter.add_directive(quiet);
+    }
     let registry = tracing_subscriber::registry().with(filter);
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let installed = match format {

@@ -7,6 +7,10 @@ use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort
 use proptest::prelude::*;
 
 use super::*;
+use crate::fixtures::{
+    Conditions, NOT_READY, Port, TERMINATING, endpoint, endpoint_of, endpoint_slice, frontend_addr,
+    import, imported_slice,
+};
 use crate::model::{
     ClientIpConfig, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, ObjectMeta, ServicePort,
     SessionAffinityConfig,
@@ -21,93 +25,13 @@ const V6: &str = "fd00:241::1";
 /// spelled out where a test needs them.
 type P<'a> = (&'a str, &'a str, i32);
 
-fn import(name: &str, ips: &[&str], families: &[IpFamily], ports: &[P<'_>]) -> ServiceImport {
-    let mut si = ServiceImport {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("ns".into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    si.spec.ips = ips.iter().map(|s| s.to_string()).collect();
-    si.spec.ip_families = families.to_vec();
-    si.spec.ports = ports
-        .iter()
-        .map(|(n, proto, port)| ServicePort {
-            name: (!n.is_empty()).then(|| n.to_string()),
-            protocol: Some(proto.to_string()),
-            app_protocol: None,
-            port: *port,
-        })
-        .collect();
-    si
-}
-
 /// The common case: `ns/web`, one IPv4 VIP, the given ports.
 fn web(ports: &[P<'_>]) -> ServiceImport {
-    import("web", &[V4], &[IPv4], ports)
-}
-
-type Cond = (Option<bool>, Option<bool>, Option<bool>);
-
-fn ep(addr: &str, cond: Option<Cond>) -> Endpoint {
-    Endpoint {
-        addresses: vec![addr.to_owned()],
-        conditions: cond.map(|(ready, serving, terminating)| EndpointConditions {
-            ready,
-            serving,
-            terminating,
-        }),
-        ..Default::default()
-    }
-}
-
-const READY: Option<Cond> = Some((Some(true), Some(true), Some(false)));
-const TERMINATING: Option<Cond> = Some((Some(false), Some(true), Some(true)));
-const NOT_READY: Option<Cond> = Some((Some(false), Some(false), Some(false)));
-
-/// An imported slice of `ns/<service>` from `cluster`.
-fn slice(
-    name: &str,
-    service: &str,
-    cluster: &str,
-    address_type: &str,
-    ports: &[P<'_>],
-    endpoints: Vec<Endpoint>,
-) -> EndpointSlice {
-    EndpointSlice {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("ns".into()),
-            labels: Some(BTreeMap::from([
-                (LABEL_SERVICE_NAME.to_owned(), service.to_owned()),
-                (LABEL_SOURCE_CLUSTER.to_owned(), cluster.to_owned()),
-            ])),
-            ..Default::default()
-        },
-        address_type: address_type.into(),
-        ports: Some(
-            ports
-                .iter()
-                .map(|(n, proto, port)| EndpointPort {
-                    name: (!n.is_empty()).then(|| n.to_string()),
-                    protocol: Some(proto.to_string()),
-                    port: Some(*port),
-                    app_protocol: None,
-                })
-                .collect(),
-        ),
-        endpoints,
-    }
-}
-
-fn fe(ip: &str, port: u16, protocol: Protocol) -> FrontendAddr {
-    FrontendAddr {
-        ip: ip.parse().expect("ip"),
-        port,
-        protocol,
-    }
+    import("ns", "web")
+        .ips([V4])
+        .families(&[IPv4])
+        .ports(ports)
+        .build()
 }
 
 /// The backends of a frontend as `cluster/ip:port`, in table order; panics when the frontend is
@@ -115,7 +39,7 @@ fn fe(ip: &str, port: u16, protocol: Protocol) -> FrontendAddr {
 fn backends(t: &LbTable, ip: &str, port: u16, protocol: Protocol) -> Vec<String> {
     let f = t
         .frontends
-        .get(&fe(ip, port, protocol))
+        .get(&frontend_addr(ip, port, protocol))
         .unwrap_or_else(|| panic!("no frontend {ip}:{port}/{protocol} in {t:#?}"));
     f.backends
         .iter()
@@ -138,18 +62,14 @@ use Protocol::{Tcp, Udp};
 fn ready_endpoints_serve_and_others_do_not_while_one_is_ready() {
     let t = build(
         &[web(&[("http", "TCP", 80)])],
-        &[slice(
-            "s",
-            "web",
-            "c1",
-            "IPv4",
-            &[("http", "TCP", 8080)],
-            vec![
-                ep("10.0.0.1", READY),
-                ep("10.0.0.2", TERMINATING),
-                ep("10.0.0.3", NOT_READY),
-            ],
-        )],
+        &[imported_slice("ns", "s", "web", "c1")
+            .port(("http", "TCP", 8080))
+            .endpoints([
+                endpoint("10.0.0.1").ready(),
+                endpoint("10.0.0.2").conditions(TERMINATING),
+                endpoint("10.0.0.3").conditions(NOT_READY),
+            ])
+            .build()],
     );
     assert_eq!(backends(&t, V4, 80, Tcp), vec!["c1/10.0.0.1:8080"]);
     assert!(t.warnings.is_empty(), "{:?}", t.warnings);
@@ -159,7 +79,7 @@ fn ready_endpoints_serve_and_others_do_not_while_one_is_ready() {
 /// the row is not ready): whether it is used.
 #[test]
 fn endpoint_conditions_table() {
-    let cases: &[(Option<Cond>, bool, &str)] = &[
+    let cases: &[(Option<Conditions>, bool, &str)] = &[
         (None, true, "no conditions: ready"),
         (Some((None, None, None)), true, "nil ready is ready"),
         (
@@ -203,14 +123,10 @@ fn endpoint_conditions_table() {
     for (cond, used, why) in cases {
         let t = build(
             &[web(&[("http", "TCP", 80)])],
-            &[slice(
-                "s",
-                "web",
-                "c1",
-                "IPv4",
-                &[("http", "TCP", 8080)],
-                vec![ep("10.0.0.1", *cond)],
-            )],
+            &[imported_slice("ns", "s", "web", "c1")
+                .port(("http", "TCP", 8080))
+                .endpoint(endpoint("10.0.0.1").conditions(*cond))
+                .build()],
         );
         let want: Vec<String> = if *used {
             vec!["c1/10.0.0.1:8080".into()]
@@ -228,22 +144,17 @@ fn fallback_is_per_frontend() {
     let t = build(
         &[web(&[("http", "TCP", 80), ("alt", "TCP", 81)])],
         &[
-            slice(
-                "a",
-                "web",
-                "c1",
-                "IPv4",
-                &[("http", "TCP", 8080)],
-                vec![ep("10.0.0.1", READY)],
-            ),
-            slice(
-                "b",
-                "web",
-                "c2",
-                "IPv4",
-                &[("http", "TCP", 8080), ("alt", "TCP", 8081)],
-                vec![ep("10.0.1.1", TERMINATING), ep("10.0.1.2", NOT_READY)],
-            ),
+            imported_slice("ns", "a", "web", "c1")
+                .port(("http", "TCP", 8080))
+                .endpoint(endpoint("10.0.0.1").ready())
+                .build(),
+            imported_slice("ns", "b", "web", "c2")
+                .ports([("http", "TCP", 8080), ("alt", "TCP", 8081)])
+                .endpoints([
+                    endpoint("10.0.1.1").conditions(TERMINATING),
+                    endpoint("10.0.1.2").conditions(NOT_READY),
+                ])
+                .build(),
         ],
     );
     // http: c1 is ready, so c2's terminating endpoint is not used.
@@ -261,20 +172,16 @@ fn backend_port_comes_from_the_slice_port_of_the_same_name_and_protocol() {
             ("dns-tcp", "TCP", 53),
             ("http", "TCP", 80),
         ])],
-        &[slice(
-            "s",
-            "web",
-            "c1",
-            "IPv4",
-            &[
+        &[imported_slice("ns", "s", "web", "c1")
+            .ports([
                 ("dns", "TCP", 5300), // same name, other protocol: not the UDP port
                 ("dns", "UDP", 5353),
                 ("dns-tcp", "TCP", 5354),
                 ("other", "TCP", 7000),
                 ("http", "TCP", 8080),
-            ],
-            vec![ep("10.0.0.1", READY)],
-        )],
+            ])
+            .endpoint(endpoint("10.0.0.1").ready())
+            .build()],
     );
     assert_eq!(backends(&t, V4, 53, Udp), vec!["c1/10.0.0.1:5353"]);
     assert_eq!(backends(&t, V4, 53, Tcp), vec!["c1/10.0.0.1:5354"]);
@@ -289,37 +196,29 @@ fn unnamed_ports_match_unnamed_ports_only() {
     let t = build(
         &[
             web(&[("", "TCP", 80)]),
-            import("api", &["241.0.0.2"], &[IPv4], &[("http", "TCP", 80)]),
+            import("ns", "api")
+                .ips(["241.0.0.2"])
+                .families(&[IPv4])
+                .port(("http", "TCP", 80))
+                .build(),
         ],
         &[
-            slice(
-                "web-1",
-                "web",
-                "c1",
-                "IPv4",
-                &[("", "TCP", 8080)],
-                vec![ep("10.0.0.1", READY)],
-            ),
-            slice(
-                "web-2",
-                "web",
-                "c2",
-                "IPv4",
-                &[("http", "TCP", 8080)],
-                vec![ep("10.0.0.2", READY)],
-            ),
-            slice(
-                "api-1",
-                "api",
-                "c1",
-                "IPv4",
-                &[("", "TCP", 8080)],
-                vec![ep("10.0.0.3", READY)],
-            ),
+            imported_slice("ns", "web-1", "web", "c1")
+                .port(("", "TCP", 8080))
+                .endpoint(endpoint("10.0.0.1").ready())
+                .build(),
+            imported_slice("ns", "web-2", "web", "c2")
+                .port(("http", "TCP", 8080))
+                .endpoint(endpoint("10.0.0.2").ready())
+                .build(),
+            imported_slice("ns", "api-1", "api", "c1")
+                .port(("", "TCP", 8080))
+                .endpoint(endpoint("10.0.0.3").ready())
+                .build(),
         ],
     );
     assert_eq!(backends(&t, V4, 80, Tcp), vec!["c1/10.0.0.1:8080"]);
-    assert_eq!(t.frontends[&fe(V4, 80, Tcp)].port_name, "");
+    assert_eq!(t.frontends[&frontend_addr(V4, 80, Tcp)].port_name, "");
     assert!(backends(&t, "241.0.0.2", 80, Tcp).is_empty());
 }
 
@@ -331,22 +230,14 @@ fn ports_sharing_a_target_port_keep_their_backends() {
     let t = build(
         &[web(&[("http", "TCP", 80), ("alt", "TCP", 8081)])],
         &[
-            slice(
-                "a",
-                "web",
-                "c1",
-                "IPv4",
-                &[("http", "TCP", 8080), ("alt", "TCP", 8080)],
-                vec![ep("10.0.0.1", READY), ep("10.0.0.2", READY)],
-            ),
-            slice(
-                "b",
-                "web",
-                "c2",
-                "IPv4",
-                &[("http", "TCP", 8080)],
-                vec![ep("10.0.1.1", READY)],
-            ),
+            imported_slice("ns", "a", "web", "c1")
+                .ports([("http", "TCP", 8080), ("alt", "TCP", 8080)])
+                .endpoints([endpoint("10.0.0.1").ready(), endpoint("10.0.0.2").ready()])
+                .build(),
+            imported_slice("ns", "b", "web", "c2")
+                .port(("http", "TCP", 8080))
+                .endpoint(endpoint("10.0.1.1").ready())
+                .build(),
         ],
     );
     assert_eq!(
@@ -357,26 +248,22 @@ fn ports_sharing_a_target_port_keep_their_backends() {
         backends(&t, V4, 8081, Tcp),
         vec!["c1/10.0.0.1:8080", "c1/10.0.0.2:8080"]
     );
-    assert_eq!(t.frontends[&fe(V4, 80, Tcp)].port_name, "http");
-    assert_eq!(t.frontends[&fe(V4, 8081, Tcp)].port_name, "alt");
+    assert_eq!(t.frontends[&frontend_addr(V4, 80, Tcp)].port_name, "http");
+    assert_eq!(t.frontends[&frontend_addr(V4, 8081, Tcp)].port_name, "alt");
 }
 
 #[test]
 fn a_cluster_whose_slice_lacks_the_port_gets_no_backends_for_it() {
     let t = build(
         &[web(&[("http", "TCP", 80)])],
-        &[slice(
-            "s",
-            "web",
-            "c1",
-            "IPv4",
-            &[("metrics", "TCP", 9090)],
-            vec![ep("10.0.0.1", READY)],
-        )],
+        &[imported_slice("ns", "s", "web", "c1")
+            .port(("metrics", "TCP", 9090))
+            .endpoint(endpoint("10.0.0.1").ready())
+            .build()],
     );
     // The frontend exists and refuses: the VIP declares the port, nobody serves it.
     assert!(backends(&t, V4, 80, Tcp).is_empty());
-    assert!(!t.frontends.contains_key(&fe(V4, 9090, Tcp)));
+    assert!(!t.frontends.contains_key(&frontend_addr(V4, 9090, Tcp)));
 }
 
 /// Families: an IPv6 slice never feeds the IPv4 frontend and the reverse; an address of the
@@ -384,38 +271,27 @@ fn a_cluster_whose_slice_lacks_the_port_gets_no_backends_for_it() {
 #[test]
 fn families_never_mix() {
     let t = build(
-        &[import(
-            "web",
-            &[V4, V6],
-            &[IPv4, IPv6],
-            &[("http", "TCP", 80)],
-        )],
+        &[import("ns", "web")
+            .ips([V4, V6])
+            .families(&[IPv4, IPv6])
+            .port(("http", "TCP", 80))
+            .build()],
         &[
-            slice(
-                "v4",
-                "web",
-                "c1",
-                "IPv4",
-                &[("http", "TCP", 8080)],
-                vec![ep("10.0.0.1", READY), ep("fd01::9", READY)],
-            ),
-            slice(
-                "v6",
-                "web",
-                "c1",
-                "IPv6",
-                &[("http", "TCP", 8080)],
-                vec![ep("fd01::1", READY), ep("10.0.0.9", READY)],
-            ),
+            imported_slice("ns", "v4", "web", "c1")
+                .port(("http", "TCP", 8080))
+                .endpoints([endpoint("10.0.0.1").ready(), endpoint("fd01::9").ready()])
+                .build(),
+            imported_slice("ns", "v6", "web", "c1")
+                .address_type("IPv6")
+                .port(("http", "TCP", 8080))
+                .endpoints([endpoint("fd01::1").ready(), endpoint("10.0.0.9").ready()])
+                .build(),
             // A v6-only cluster: feeds only the v6 frontend.
-            slice(
-                "v6b",
-                "web",
-                "c2",
-                "IPv6",
-                &[("http", "TCP", 8080)],
-                vec![ep("fd01::2", READY)],
-            ),
+            imported_slice("ns", "v6b", "web", "c2")
+                .address_type("IPv6")
+                .port(("http", "TCP", 8080))
+                .endpoint(endpoint("fd01::2").ready())
+                .build(),
         ],
     );
     assert_eq!(backends(&t, V4, 80, Tcp), vec!["c1/10.0.0.1:8080"]);
@@ -434,14 +310,10 @@ fn headless_imports_get_no_vip_and_no_frontends() {
     si.spec.type_ = ServiceImportType::Headless;
     let t = build(
         &[si],
-        &[slice(
-            "s",
-            "web",
-            "c1",
-            "IPv4",
-            &[("http", "TCP", 8080)],
-            vec![ep("10.0.0.1", READY)],
-        )],
+        &[imported_slice("ns", "s", "web", "c1")
+            .port(("http", "TCP", 8080))
+            .endpoint(endpoint("10.0.0.1").ready())
+            .build()],
     );
     assert!(t.frontends.is_empty() && t.vips.is_empty(), "{t:#?}");
 }
@@ -467,7 +339,14 @@ fn vips_that_do_not_match_their_family_are_skipped_with_a_warning() {
         (&[V6, V4], &[], &[V6, V4], ""),
     ];
     for (ips, families, want, warning) in cases {
-        let t = build(&[import("web", ips, families, &[("http", "TCP", 80)])], &[]);
+        let t = build(
+            &[import("ns", "web")
+                .ips(*ips)
+                .families(families)
+                .port(("http", "TCP", 80))
+                .build()],
+            &[],
+        );
         let got: Vec<String> = t.vips.keys().map(|ip| ip.to_string()).collect();
         let mut want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
         want.sort_by_key(|s| s.parse::<IpAddr>().expect("ip"));
@@ -489,8 +368,16 @@ fn vips_that_do_not_match_their_family_are_skipped_with_a_warning() {
 /// order; the other import is warned about and loses only that VIP.
 #[test]
 fn duplicate_vips_go_to_the_first_import_by_name() {
-    let a = import("a", &[V4, V6], &[IPv4, IPv6], &[("http", "TCP", 80)]);
-    let b = import("b", &[V4], &[IPv4], &[("http", "TCP", 80)]);
+    let a = import("ns", "a")
+        .ips([V4, V6])
+        .families(&[IPv4, IPv6])
+        .port(("http", "TCP", 80))
+        .build();
+    let b = import("ns", "b")
+        .ips([V4])
+        .families(&[IPv4])
+        .port(("http", "TCP", 80))
+        .build();
     let one = build(&[a.clone(), b.clone()], &[]);
     let two = build(&[b, a], &[]);
     assert_eq!(one, two);
@@ -498,7 +385,10 @@ fn duplicate_vips_go_to_the_first_import_by_name() {
         one.vips[&V4.parse::<IpAddr>().expect("ip")].name,
         "a".into()
     );
-    assert_eq!(one.frontends[&fe(V4, 80, Tcp)].service.name, "a".into());
+    assert_eq!(
+        one.frontends[&frontend_addr(V4, 80, Tcp)].service.name,
+        "a".into()
+    );
     assert!(has_warning(
         &one,
         "ServiceImport ns/b",
@@ -511,8 +401,16 @@ fn duplicate_vips_go_to_the_first_import_by_name() {
 /// and the duplicate is reported.
 #[test]
 fn duplicate_imports_are_resolved_independently_of_order() {
-    let a = import("web", &[V4], &[IPv4], &[("http", "TCP", 80)]);
-    let b = import("web", &["241.0.0.2"], &[IPv4], &[("http", "TCP", 81)]);
+    let a = import("ns", "web")
+        .ips([V4])
+        .families(&[IPv4])
+        .port(("http", "TCP", 80))
+        .build();
+    let b = import("ns", "web")
+        .ips(["241.0.0.2"])
+        .families(&[IPv4])
+        .port(("http", "TCP", 81))
+        .build();
     let one = build(&[a.clone(), b.clone()], &[]);
     let two = build(&[b, a], &[]);
     assert_eq!(one, two);
@@ -537,7 +435,7 @@ fn bad_import_ports_are_skipped_with_warnings() {
     );
     let ports: Vec<(u16, Protocol)> = t.frontends.keys().map(|f| (f.port, f.protocol)).collect();
     assert_eq!(ports, vec![(82, Tcp), (82, Udp)]);
-    assert_eq!(t.frontends[&fe(V4, 82, Tcp)].port_name, "http");
+    assert_eq!(t.frontends[&frontend_addr(V4, 82, Tcp)].port_name, "http");
     let o = "ServiceImport ns/web";
     for needle in [
         "protocol SCTP",
@@ -554,49 +452,23 @@ fn bad_import_ports_are_skipped_with_warnings() {
 #[test]
 fn bad_slices_are_skipped_with_warnings_and_never_panic() {
     let good_ports: &[P<'_>] = &[("http", "TCP", 8080)];
-    let mut no_service = slice(
-        "no-svc",
-        "web",
-        "c1",
-        "IPv4",
-        good_ports,
-        vec![ep("10.0.0.1", READY)],
-    );
-    no_service
-        .metadata
-        .labels
-        .as_mut()
-        .map(|l| l.remove(LABEL_SERVICE_NAME));
-    let mut no_cluster = slice(
-        "no-cluster",
-        "web",
-        "c1",
-        "IPv4",
-        good_ports,
-        vec![ep("10.0.0.2", READY)],
-    );
-    no_cluster
-        .metadata
-        .labels
-        .as_mut()
-        .map(|l| l.remove(LABEL_SOURCE_CLUSTER));
-    let mut no_ports = slice(
-        "no-ports",
-        "web",
-        "c3",
-        "IPv4",
-        &[],
-        vec![ep("10.0.3.1", READY)],
-    );
-    no_ports.ports = None;
-    let mut port_none = slice(
-        "port-none",
-        "web",
-        "c4",
-        "IPv4",
-        good_ports,
-        vec![ep("10.0.4.1", READY)],
-    );
+    let no_service = endpoint_slice("ns", "no-svc")
+        .label(LABEL_SOURCE_CLUSTER, "c1")
+        .ports(good_ports)
+        .endpoint(endpoint("10.0.0.1").ready())
+        .build();
+    let no_cluster = endpoint_slice("ns", "no-cluster")
+        .label(LABEL_SERVICE_NAME, "web")
+        .ports(good_ports)
+        .endpoint(endpoint("10.0.0.2").ready())
+        .build();
+    let no_ports = imported_slice("ns", "no-ports", "web", "c3")
+        .endpoint(endpoint("10.0.3.1").ready())
+        .build();
+    let mut port_none = imported_slice("ns", "port-none", "web", "c4")
+        .ports(good_ports)
+        .endpoint(endpoint("10.0.4.1").ready())
+        .build();
     if let Some(p) = port_none.ports.as_mut() {
         p[0].port = None;
     }
@@ -605,51 +477,36 @@ fn bad_slices_are_skipped_with_warnings_and_never_panic() {
         no_cluster,
         no_ports,
         port_none,
-        slice(
-            "bad-cluster",
-            "web",
-            "Not_A_Label",
-            "IPv4",
-            good_ports,
-            vec![ep("10.0.0.3", READY)],
-        ),
-        slice(
-            "fqdn",
-            "web",
-            "c1",
-            "FQDN",
-            good_ports,
-            vec![ep("a.example", READY)],
-        ),
-        slice(
-            "bad-ports",
-            "web",
-            "c1",
-            "IPv4",
-            &[
+        imported_slice("ns", "bad-cluster", "web", "Not_A_Label")
+            .ports(good_ports)
+            .endpoint(endpoint("10.0.0.3").ready())
+            .build(),
+        imported_slice("ns", "fqdn", "web", "c1")
+            .address_type("FQDN")
+            .ports(good_ports)
+            .endpoint(endpoint("a.example").ready())
+            .build(),
+        imported_slice("ns", "bad-ports", "web", "c1")
+            .ports([
                 ("http", "SCTP", 8080),
                 ("http", "TCP", 0),
                 ("x", "TCP", 70000),
                 ("y", "TCP", -3),
-            ],
-            vec![ep("10.0.0.4", READY)],
-        ),
-        slice(
-            "bad-addrs",
-            "web",
-            "c2",
-            "IPv4",
-            good_ports,
-            vec![ep("not-an-ip", READY), ep("10.0.2.1", READY), ep("", READY)],
-        ),
-        slice(
-            "twice",
-            "web",
-            "c5",
-            "IPv4",
-            &[("http", "TCP", 1), ("http", "TCP", 8080)],
-            vec![ep("10.0.5.1", READY)],
-        ),
+            ])
+            .endpoint(endpoint("10.0.0.4").ready())
+            .build(),
+        imported_slice("ns", "bad-addrs", "web", "c2")
+            .ports(good_ports)
+            .endpoints([
+                endpoint("not-an-ip").ready(),
+                endpoint("10.0.2.1").ready(),
+                endpoint("").ready(),
+            ])
+            .build(),
+        imported_slice("ns", "twice", "web", "c5")
+            .ports([("http", "TCP", 1), ("http", "TCP", 8080)])
+            .endpoint(endpoint("10.0.5.1").ready())
+            .build(),
     ];
     let t = build(&[web(&[("http", "TCP", 80)])], &slices);
     // Only the clean endpoints of otherwise usable slices serve; the last duplicate port wins.
@@ -687,28 +544,20 @@ fn bad_slices_are_skipped_with_warnings_and_never_panic() {
 #[test]
 fn the_same_endpoint_in_two_slices_is_one_backend() {
     let p: &[P<'_>] = &[("http", "TCP", 8080)];
+    let slice = |name, cluster, ips: &[&str]| {
+        imported_slice("ns", name, "web", cluster)
+            .ports(p)
+            .endpoints(ips.iter().map(|ip| endpoint(ip).ready()))
+            .build()
+    };
     let t = build(
         &[web(&[("http", "TCP", 80)])],
         &[
-            slice(
-                "a",
-                "web",
-                "c1",
-                "IPv4",
-                p,
-                vec![ep("10.0.0.1", READY), ep("10.0.0.2", READY)],
-            ),
-            slice("b", "web", "c1", "IPv4", p, vec![ep("10.0.0.1", READY)]),
-            slice("c", "web", "c2", "IPv4", p, vec![ep("10.0.0.1", READY)]),
+            slice("a", "c1", &["10.0.0.1", "10.0.0.2"]),
+            slice("b", "c1", &["10.0.0.1"]),
+            slice("c", "c2", &["10.0.0.1"]),
             // one endpoint listed twice within a slice
-            slice(
-                "d",
-                "web",
-                "c2",
-                "IPv4",
-                p,
-                vec![ep("10.0.0.3", READY), ep("10.0.0.3", READY)],
-            ),
+            slice("d", "c2", &["10.0.0.3", "10.0.0.3"]),
         ],
     );
     assert_eq!(
@@ -725,15 +574,18 @@ fn the_same_endpoint_in_two_slices_is_one_backend() {
 /// Slices feed only the import of their namespace and service-name label.
 #[test]
 fn slices_feed_only_their_own_service() {
-    let p: &[P<'_>] = &[("http", "TCP", 8080)];
-    let mut other_ns = slice("x", "web", "c1", "IPv4", p, vec![ep("10.0.0.9", READY)]);
-    other_ns.metadata.namespace = Some("other".into());
+    let slice = |namespace, name, service, ip| {
+        imported_slice(namespace, name, service, "c1")
+            .port(("http", "TCP", 8080))
+            .endpoint(endpoint(ip).ready())
+            .build()
+    };
     let t = build(
         &[web(&[("http", "TCP", 80)])],
         &[
-            other_ns,
-            slice("y", "api", "c1", "IPv4", p, vec![ep("10.0.0.8", READY)]),
-            slice("z", "web", "c1", "IPv4", p, vec![ep("10.0.0.1", READY)]),
+            slice("other", "x", "web", "10.0.0.9"),
+            slice("ns", "y", "api", "10.0.0.8"),
+            slice("ns", "z", "web", "10.0.0.1"),
         ],
     );
     assert_eq!(backends(&t, V4, 80, Tcp), vec!["c1/10.0.0.1:8080"]);
@@ -772,7 +624,7 @@ fn affinity_timeout() {
         });
         let t = build(&[si], &[]);
         assert_eq!(
-            t.frontends[&fe(V4, 80, Tcp)].affinity_timeout_s,
+            t.frontends[&frontend_addr(V4, 80, Tcp)].affinity_timeout_s,
             *want,
             "{affinity:?} {timeout:?}"
         );
@@ -799,11 +651,11 @@ fn arb_import() -> impl Strategy<Value = ServiceImport> {
         prop::sample::select(vec![None, Some("TCP"), Some("UDP"), Some("SCTP")]),
         prop::sample::select(vec![80, 53, 8080, 0, -1, 70000]),
     )
-        .prop_map(|(name, protocol, port)| ServicePort {
+        .prop_map(|(name, protocol, port)| Port {
             name: name.map(str::to_owned),
             protocol: protocol.map(str::to_owned),
-            app_protocol: None,
-            port,
+            port: Some(port),
+            ..Default::default()
         });
     (
         prop::sample::select(vec!["a", "b", "c"]),
@@ -825,22 +677,18 @@ fn arb_import() -> impl Strategy<Value = ServiceImport> {
     )
         .prop_map(
             |(name, ns, headless, ips, families, ports, affinity, timeout)| {
-                let mut si = ServiceImport::default();
-                si.metadata.name = Some(name.into());
-                si.metadata.namespace = Some(ns.into());
-                si.spec.type_ = if headless {
-                    ServiceImportType::Headless
-                } else {
-                    ServiceImportType::ClusterSetIP
-                };
-                si.spec.ips = ips.into_iter().map(str::to_owned).collect();
-                si.spec.ip_families = families;
-                si.spec.ports = ports;
-                si.spec.session_affinity = affinity.map(str::to_owned);
-                si.spec.session_affinity_config = timeout.map(|t| SessionAffinityConfig {
-                    client_ip: Some(ClientIpConfig { timeout_seconds: t }),
-                });
-                si
+                let mut si = import(ns, name)
+                    .ips(&ips)
+                    .families(&families)
+                    .ports(ports)
+                    .affinity(affinity);
+                if headless {
+                    si = si.headless();
+                }
+                if let Some(t) = timeout {
+                    si = si.affinity_timeout(t);
+                }
+                si.build()
             },
         )
 }
@@ -851,11 +699,11 @@ fn arb_slice() -> impl Strategy<Value = EndpointSlice> {
         prop::sample::select(vec![None, Some("TCP"), Some("UDP"), Some("SCTP")]),
         prop::sample::select(vec![Some(8080), Some(53), Some(0), None, Some(70000)]),
     )
-        .prop_map(|(name, protocol, port)| EndpointPort {
+        .prop_map(|(name, protocol, port)| Port {
             name: name.map(str::to_owned),
             protocol: protocol.map(str::to_owned),
             port,
-            app_protocol: None,
+            ..Default::default()
         });
     let cond = prop::option::of((
         prop::option::of(any::<bool>()),
@@ -869,15 +717,7 @@ fn arb_slice() -> impl Strategy<Value = EndpointSlice> {
         ),
         cond,
     )
-        .prop_map(|(addrs, cond)| Endpoint {
-            addresses: addrs.into_iter().map(str::to_owned).collect(),
-            conditions: cond.map(|(ready, serving, terminating)| EndpointConditions {
-                ready,
-                serving,
-                terminating,
-            }),
-            ..Default::default()
-        });
+        .prop_map(|(addrs, cond)| endpoint_of(addrs).conditions(cond).build());
     (
         prop::sample::select(vec!["s1", "s2", "s3"]),
         prop::sample::select(vec!["ns", "other"]),
@@ -888,24 +728,21 @@ fn arb_slice() -> impl Strategy<Value = EndpointSlice> {
         prop::collection::vec(endpoint, 0..4),
     )
         .prop_map(|(name, ns, service, cluster, at, ports, endpoints)| {
-            let mut labels = BTreeMap::new();
-            if let Some(s) = service {
-                labels.insert(LABEL_SERVICE_NAME.to_owned(), s.to_owned());
+            let labels: Vec<(&str, &str)> = [
+                service.map(|s| (LABEL_SERVICE_NAME, s)),
+                cluster.map(|c| (LABEL_SOURCE_CLUSTER, c)),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            let mut slice = endpoint_slice(ns, name)
+                .labels(&labels)
+                .address_type(at)
+                .endpoints(endpoints);
+            if let Some(ports) = ports {
+                slice = slice.ports(ports);
             }
-            if let Some(c) = cluster {
-                labels.insert(LABEL_SOURCE_CLUSTER.to_owned(), c.to_owned());
-            }
-            EndpointSlice {
-                metadata: ObjectMeta {
-                    name: Some(name.into()),
-                    namespace: Some(ns.into()),
-                    labels: Some(labels),
-                    ..Default::default()
-                },
-                address_type: at.into(),
-                ports,
-                endpoints,
-            }
+            slice.build()
         })
 }
 
@@ -1098,20 +935,17 @@ mod incremental {
     }
 
     fn si(name: &str, ips: &[&str]) -> ServiceImport {
-        let mut si = import(name, ips, &[], &[("http", "TCP", 80)]);
-        si.metadata.namespace = Some("ns".into());
-        si
+        import("ns", name)
+            .ips(ips)
+            .port(("http", "TCP", 80))
+            .build()
     }
 
     fn es(name: &str, service: &str, addr: &str) -> EndpointSlice {
-        slice(
-            name,
-            service,
-            "c1",
-            "IPv4",
-            &[("http", "TCP", 8080)],
-            vec![ep(addr, None)],
-        )
+        imported_slice("ns", name, service, "c1")
+            .port(("http", "TCP", 8080))
+            .endpoint(endpoint(addr))
+            .build()
     }
 
     #[test]

@@ -19,14 +19,17 @@
 //! Precedence: `creationTimestamp` ascending (a missing one counts as the oldest), ties broken by
 //! cluster id ascending.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
 use foldhash::{HashMap, HashMapExt};
 use k8s_openapi::jiff::Timestamp;
 
-use super::{ClusterSnapshot, Diagnostic, ExportStatus, conditions};
+use super::{ClusterSnapshot, Diagnostic};
 use crate::model::{
-    ClusterId, IpFamily, LABEL_K8S_SERVICE_NAME, NamespacedName, ServicePort,
+    ClusterId, IpFamily, NamespacedName, ServicePort,
     member::{ExportRecord, LocalSlice, ServicePortSpec, ServiceRecord},
     name::Name,
 };
@@ -43,11 +46,13 @@ pub const REASON_INVALID_SERVICE_TYPE: &str = "InvalidServiceType";
 /// The objects of one cluster, keyed by namespace/name and deduplicated.
 pub(crate) struct ClusterObjects<'a> {
     /// Services by namespace/name.
-    pub services: HashMap<&'a NamespacedName, &'a ServiceRecord>,
+    pub services: HashMap<&'a NamespacedName, Arc<ServiceRecord>>,
     /// ServiceExports by namespace/name.
-    pub exports: HashMap<&'a NamespacedName, &'a ExportRecord>,
+    pub exports: HashMap<&'a NamespacedName, Arc<ExportRecord>>,
     /// Local slices by the Service they belong to, sorted by slice name.
-    pub slices: HashMap<NamespacedName, Vec<&'a LocalSlice>>,
+    pub slices: HashMap<NamespacedName, Vec<Arc<LocalSlice>>>,
+    /// Local slices without a service label.
+    pub unlabelled: Vec<NamespacedName>,
 }
 
 /// A valid export, ready to merge.
@@ -69,7 +74,7 @@ pub(crate) struct Export<'a> {
     /// Whether the Service is headless.
     pub headless: bool,
     /// The Service's local slices, sorted by name.
-    pub local_slices: &'a [&'a LocalSlice],
+    pub local_slices: &'a [Arc<LocalSlice>],
 }
 
 impl Export<'_> {
@@ -81,14 +86,13 @@ impl Export<'_> {
 
 /// Picks one of several records with the same namespace/name, independently of their order:
 /// the smallest.
-fn pick_duplicate<'a, T: Ord>(existing: &mut &'a T, new: &'a T) {
-    if new < *existing {
-        *existing = new;
+fn pick_duplicate<T: Ord>(existing: &mut Arc<T>, new: &Arc<T>) {
+    if new < existing {
+        *existing = Arc::clone(new);
     }
 }
 
-/// Keys every cluster's objects, combining snapshots of one cluster and reporting duplicates and
-/// malformed local EndpointSlices.
+/// Keys every cluster's objects, combining snapshots of one cluster and reporting duplicates.
 pub(crate) fn index_clusters<'a>(
     snapshots: &'a [ClusterSnapshot],
     diagnostics: &mut Vec<Diagnostic>,
@@ -107,6 +111,7 @@ pub(crate) fn index_clusters<'a>(
             services: HashMap::with_capacity(snap.services.len()),
             exports: HashMap::with_capacity(snap.service_exports.len()),
             slices: HashMap::with_capacity(snap.endpoint_slices.len()),
+            unlabelled: Vec::new(),
         });
         let dup = |kind: &str, id: &NamespacedName| Diagnostic {
             cluster: Some(snap.cluster.clone()),
@@ -120,7 +125,7 @@ pub(crate) fn index_clusters<'a>(
                     pick_duplicate(existing, svc);
                 }
                 None => {
-                    objs.services.insert(&svc.id, svc);
+                    objs.services.insert(&svc.id, Arc::clone(svc));
                 }
             }
         }
@@ -131,36 +136,27 @@ pub(crate) fn index_clusters<'a>(
                     pick_duplicate(existing, se);
                 }
                 None => {
-                    objs.exports.insert(&se.id, se);
+                    objs.exports.insert(&se.id, Arc::clone(se));
                 }
             }
         }
         for slice in &snap.endpoint_slices {
-            let object = || format!("EndpointSlice {}", slice.id);
             let Some(svc) = &slice.service else {
-                diagnostics.push(Diagnostic {
-                    cluster: Some(snap.cluster.clone()),
-                    object: object(),
-                    message: format!("no {LABEL_K8S_SERVICE_NAME} label; ignored"),
-                });
+                objs.unlabelled.push(slice.id.clone());
                 continue;
             };
-            for message in &slice.problems {
-                diagnostics.push(Diagnostic {
-                    cluster: Some(snap.cluster.clone()),
-                    object: object(),
-                    message: message.clone(),
-                });
-            }
             let service = NamespacedName::new(slice.id.namespace.clone(), Name::clone(svc));
             let list = objs.slices.entry(service).or_default();
             // Same namespace (part of the key), so the name identifies the slice.
             match list.iter_mut().find(|s| s.id.name == slice.id.name) {
                 Some(existing) => {
                     diagnostics.push(dup("EndpointSlice", &slice.id));
-                    pick_duplicate_slice(existing, slice);
+                    // Slices are not ordered: the smallest debug text, only for duplicates.
+                    if format!("{slice:?}") < format!("{existing:?}") {
+                        *existing = Arc::clone(slice);
+                    }
                 }
-                None => list.push(slice),
+                None => list.push(Arc::clone(slice)),
             }
         }
     }
@@ -172,60 +168,12 @@ pub(crate) fn index_clusters<'a>(
     out
 }
 
-/// [`pick_duplicate`] for slices, which are not ordered: by their debug text, only ever
-/// computed for duplicates.
-fn pick_duplicate_slice<'a>(existing: &mut &'a LocalSlice, new: &'a LocalSlice) {
-    if format!("{new:?}") < format!("{existing:?}") {
-        *existing = new;
-    }
-}
-
-/// Valid exports by service, sorted by namespace/name (each list in precedence order, oldest
-/// first), and the statuses of the invalid ones (unsorted).
-pub(crate) fn collect<'a>(
-    clusters: &'a BTreeMap<&'a ClusterId, ClusterObjects<'a>>,
-) -> (
-    Vec<(&'a NamespacedName, Vec<Export<'a>>)>,
-    Vec<ExportStatus>,
-) {
-    // Grouped by hash, then only the services are sorted (not every export).
-    // At least as many services as the largest cluster exports.
-    let mut by_service: HashMap<&'a NamespacedName, Vec<Export<'a>>> = HashMap::with_capacity(
-        clusters
-            .values()
-            .map(|o| o.exports.len())
-            .max()
-            .unwrap_or(0),
-    );
-    let mut statuses = Vec::new();
-    for (cluster, objs) in clusters {
-        for (k, se) in &objs.exports {
-            let slices: &[&LocalSlice] = objs.slices.get(*k).map(Vec::as_slice).unwrap_or(&[]);
-            match validate(cluster, objs.services.get(k).copied(), se, slices) {
-                Ok(export) => by_service.entry(*k).or_default().push(export),
-                Err((reason, message)) => statuses.push(ExportStatus {
-                    cluster: (*cluster).clone(),
-                    service: (*k).clone(),
-                    conditions: conditions::invalid_export(&reason, &message),
-                }),
-            }
-        }
-    }
-    let mut by_service: Vec<(&'a NamespacedName, Vec<Export<'a>>)> =
-        by_service.into_iter().collect();
-    by_service.sort_unstable_by(|a, b| a.0.cmp(b.0));
-    for (_, exports) in &mut by_service {
-        exports.sort_by(|a, b| a.precedence().cmp(&b.precedence()));
-    }
-    (by_service, statuses)
-}
-
 /// Checks one export; `Err((reason, message))` makes it `Valid=False`.
 pub(crate) fn validate<'a>(
     cluster: &'a ClusterId,
     service: Option<&'a ServiceRecord>,
     se: &'a ExportRecord,
-    local_slices: &'a [&'a LocalSlice],
+    local_slices: &'a [Arc<LocalSlice>],
 ) -> Result<Export<'a>, (String, String)> {
     let Some(service) = service else {
         return Err((

@@ -140,6 +140,8 @@ pub(crate) fn merge(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::cluster;
+    use crate::merge::tests::bare_export;
     use IpFamily::{IPv4, IPv6};
 
     fn run(
@@ -148,23 +150,12 @@ mod tests {
         local: &[IpFamily],
     ) -> (Vec<IpFamily>, Vec<String>, bool, bool) {
         let ids: Vec<ClusterId> = (0..families.len())
-            .map(|i| ClusterId::new(format!("c{i}")).expect("id"))
+            .map(|i| cluster(&format!("c{i}")))
             .collect();
-        let svc = crate::model::member::ServiceRecord::default();
-        let spec = crate::model::member::ExportRecord::default();
         let exports: Vec<Export<'_>> = families
             .iter()
             .zip(&ids)
-            .map(|(f, id)| Export {
-                cluster: id,
-                service: &svc,
-                spec: &spec,
-                created: None,
-                ports: vec![],
-                families: f.to_vec(),
-                headless: false,
-                local_slices: &[],
-            })
+            .map(|(f, id)| bare_export(id, vec![], f.to_vec()))
             .collect();
         let r = merge(&exports, policy, local);
         (

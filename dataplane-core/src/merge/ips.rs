@@ -23,7 +23,7 @@ use foldhash::{HashSet, HashSetExt};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::ClusterSetCidrs;
-use crate::model::{IpFamily, NamespacedName, records::ImportRecord};
+use crate::model::{IpFamily, NamespacedName};
 
 /// A service that needs one IP per family, in this order.
 #[derive(Clone, Copy, Debug)]
@@ -116,13 +116,26 @@ impl Pool {
     }
 }
 
-/// Allocates the IPs of `requests`. Returns, per service whose every family got an IP, the IPs
-/// aligned with its families.
-pub(crate) fn allocate(
+/// What [`allocate`] gave out.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Allocation {
+    /// Per service whose every family got an IP, the IPs aligned with its families.
+    pub ips: BTreeMap<NamespacedName, Vec<IpAddr>>,
+    /// The services a CIDR had no room left for, in order.
+    pub starved: Vec<NamespacedName>,
+}
+
+/// Allocates the IPs of `requests`, keeping each service's `existing` IPs while valid and
+/// never handing out an address in `taken` (held by services outside the requests).
+pub(crate) fn allocate<S>(
     requests: &[Request<'_>],
-    existing: &[ImportRecord],
+    existing: &std::collections::HashMap<NamespacedName, Vec<IpAddr>, S>,
     cidrs: &ClusterSetCidrs,
-) -> BTreeMap<NamespacedName, Vec<IpAddr>> {
+    taken: &std::collections::HashMap<IpAddr, NamespacedName, S>,
+) -> Allocation
+where
+    S: std::hash::BuildHasher,
+{
     let mut v4 = Pool::new(
         IpFamily::IPv4,
         u128::from(u32::from(cidrs.ipv4.network())),
@@ -133,13 +146,23 @@ pub(crate) fn allocate(
         u128::from(cidrs.ipv6.network()),
         u32::from(128 - cidrs.ipv6.prefix_len()),
     );
+    for ip in taken.keys() {
+        match ip {
+            IpAddr::V4(_) => v4.claim(ip),
+            IpAddr::V6(_) => v6.claim(ip),
+        };
+    }
     let mut sorted: Vec<Request<'_>> = requests.to_vec();
     sorted.sort_by(|a, b| a.service.cmp(b.service));
     // Which services get IPs at all depends only on the requests, never on the existing
     // imports: when a CIDR is too small, the first services in namespace/name order take it.
     // Stickiness then only decides which address each one gets, so feeding the result back
     // cannot change who has an IP.
-    let (mut left4, mut left6) = (v4.usable, v6.usable);
+    let (mut left4, mut left6) = (
+        v4.usable.saturating_sub(v4.taken.len() as u128),
+        v6.usable.saturating_sub(v6.taken.len() as u128),
+    );
+    let mut starved = Vec::new();
     sorted.retain(|r| {
         let need4 = u128::from(r.families.contains(&IpFamily::IPv4));
         let need6 = u128::from(r.families.contains(&IpFamily::IPv6));
@@ -148,22 +171,16 @@ pub(crate) fn allocate(
             left6 -= need6;
             true
         } else {
+            starved.push(r.service.clone());
             false
         }
     });
-
-    // Existing imports, one per service, independent of their order.
-    let mut old: Vec<(&NamespacedName, &Vec<IpAddr>)> =
-        existing.iter().map(|si| (&si.service, &si.ips)).collect();
-    old.sort();
-    old.dedup_by(|a, b| a.0 == b.0);
-    let old: BTreeMap<&NamespacedName, &Vec<IpAddr>> = old.into_iter().collect();
 
     // Aligned with `sorted`: indexing beats keying 10,000 services by name.
     let mut chosen: Vec<Vec<Option<IpAddr>>> = Vec::with_capacity(sorted.len());
     for r in &sorted {
         let mut slots = vec![None; r.families.len()];
-        if let Some(ips) = old.get(r.service) {
+        if let Some(ips) = existing.get(r.service) {
             for &ip in ips.iter() {
                 let Some(i) = r.families.iter().position(|f| *f == IpFamily::of(&ip)) else {
                     continue;
@@ -194,32 +211,41 @@ pub(crate) fn allocate(
             out.push((r.service.clone(), slots.iter().flatten().copied().collect()));
         }
     }
-    // Already in order: the map is built without searching.
-    out.into_iter().collect()
+    Allocation {
+        // Already in order: the map is built without searching.
+        ips: out.into_iter().collect(),
+        starved,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ObjectMeta;
+    use crate::fixtures::import;
+    use crate::model::records::ImportRecord;
 
     fn nn(n: &str) -> NamespacedName {
         NamespacedName::new("demo", n)
     }
 
-    fn import(name: &str, ips: &[&str]) -> ImportRecord {
-        let mut si = crate::model::ServiceImport {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                namespace: Some("demo".into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        si.spec.ips = ips.iter().map(|s| s.to_string()).collect();
-        ImportRecord::from_k8s(&si, &crate::model::Interner::new(), false)
+    /// The record of a fixture import.
+    fn record(builder: crate::fixtures::ImportBuilder) -> ImportRecord {
+        ImportRecord::from_k8s(&builder.build(), &crate::model::Interner::new(), false)
             .record
             .expect("an import always converts")
+    }
+
+    /// [`allocate`] with the IPs `existing` hold and nothing taken.
+    fn alloc(
+        reqs: &[Request<'_>],
+        existing: &[ImportRecord],
+        cidrs: &ClusterSetCidrs,
+    ) -> BTreeMap<NamespacedName, Vec<IpAddr>> {
+        let existing: std::collections::HashMap<NamespacedName, Vec<IpAddr>> = existing
+            .iter()
+            .map(|i| (i.service.clone(), i.ips.clone()))
+            .collect();
+        allocate(reqs, &existing, cidrs, &std::collections::HashMap::new()).ips
     }
 
     /// The allocation as text, to compare with addresses written out.
@@ -244,7 +270,7 @@ mod tests {
                 families: &both,
             })
             .collect();
-        let got = text(&allocate(&reqs, &[], &cidrs));
+        let got = text(&alloc(&reqs, &[], &cidrs));
         // /30 has two usable addresses: a and b get them, c gets nothing.
         assert_eq!(got.len(), 2, "{got:?}");
         assert!(!got.contains_key(&nn("c")));
@@ -277,13 +303,13 @@ mod tests {
             },
         ];
         let existing = [
-            import("a", &["241.0.3.4"]),
+            record(import("demo", "a").ips(["241.0.3.4"])),
             // the same IP claimed by b: a is earlier in order and keeps it
-            import("b", &["241.0.3.4"]),
+            record(import("demo", "b").ips(["241.0.3.4"])),
             // out of range
-            import("c", &["10.0.0.1"]),
+            record(import("demo", "c").ips(["10.0.0.1"])),
         ];
-        let allocated = allocate(&reqs, &existing, &cidrs);
+        let allocated = alloc(&reqs, &existing, &cidrs);
         let got = text(&allocated);
         assert_eq!(got[&a], vec!["241.0.3.4"]);
         assert_ne!(got[&b], vec!["241.0.3.4"]);
@@ -292,9 +318,9 @@ mod tests {
         let back: Vec<ImportRecord> = got
             .iter()
             .rev()
-            .map(|(s, ips)| import(&s.name, &ips.iter().map(String::as_str).collect::<Vec<_>>()))
+            .map(|(s, ips)| record(import("demo", &s.name).ips(ips)))
             .collect();
-        assert_eq!(allocate(&reqs, &back, &cidrs), allocated);
+        assert_eq!(alloc(&reqs, &back, &cidrs), allocated);
     }
 
     #[test]
@@ -320,14 +346,18 @@ mod tests {
             },
         ];
         // c held an address, but only two services fit: a and b.
-        let allocated = allocate(&reqs, &[import("c", &["10.9.0.1"])], &cidrs);
+        let allocated = alloc(
+            &reqs,
+            &[record(import("demo", "c").ips(["10.9.0.1"]))],
+            &cidrs,
+        );
         let got = text(&allocated);
         assert_eq!(got.keys().collect::<Vec<_>>(), vec![&a, &b]);
         let back: Vec<ImportRecord> = got
             .iter()
-            .map(|(s, ips)| import(&s.name, &ips.iter().map(String::as_str).collect::<Vec<_>>()))
+            .map(|(s, ips)| record(import("demo", &s.name).ips(ips)))
             .collect();
-        assert_eq!(allocate(&reqs, &back, &cidrs), allocated);
+        assert_eq!(alloc(&reqs, &back, &cidrs), allocated);
     }
 
     #[test]
@@ -336,12 +366,12 @@ mod tests {
         let a = nn("a");
         let v4 = [IpFamily::IPv4];
         for bad in ["241.0.0.0", "241.0.255.255"] {
-            let got = allocate(
+            let got = alloc(
                 &[Request {
                     service: &a,
                     families: &v4,
                 }],
-                &[import("a", &[bad])],
+                &[record(import("demo", "a").ips([bad]))],
                 &cidrs,
             );
             assert_ne!(got[&a][0].to_string(), bad);

@@ -32,22 +32,23 @@ pub mod ips;
 pub mod ports;
 pub mod properties;
 pub mod slices;
+pub mod state;
 
-use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
+use std::{collections::BTreeMap, sync::Arc};
 
 use ipnet::{Ipv4Net, Ipv6Net};
 use serde::{Deserialize, Serialize};
 
 use crate::manifest::Manifest;
 use crate::model::{
-    ClusterId, ClusterStatus, EndpointSlice, Interner, IpFamily, NamespacedName, Service,
-    ServiceExport, ServiceImport, ServiceImportStatus, ServiceImportType, ServicePort,
+    ClusterId, EndpointSlice, Interner, IpFamily, NamespacedName, Service, ServiceExport,
+    ServiceImport, ServicePort,
     member::{ExportRecord, LocalSlice, ServiceRecord},
-    name::Name,
     records::{ImportRecord, ImportedSlice},
 };
 
 pub use conditions::{ConditionStatus, ConditionType, MergeCondition};
+pub use state::{MemberChange, MergeState, ServiceOutput};
 
 /// Everything one member cluster contributes, as records: its Services, ServiceExports and
 /// local EndpointSlices (those with the label `kubernetes.io/service-name`).
@@ -294,189 +295,9 @@ pub fn merge(
     importing: &ClusterId,
     existing: &[ImportRecord],
 ) -> MergeOutput {
-    let mut diagnostics = Vec::new();
-    let clusters = exports::index_clusters(snapshots, &mut diagnostics);
-    let (by_service, invalid_statuses) = exports::collect(&clusters);
-    // Statuses are listed by cluster, then service. Kept in one list per cluster: the valid
-    // ones arrive in service order, so each list is nearly sorted already.
-    let cluster_index: BTreeMap<&ClusterId, usize> =
-        clusters.keys().enumerate().map(|(i, c)| (*c, i)).collect();
-    let mut statuses_by_cluster: Vec<Vec<ExportStatus>> =
-        (0..clusters.len()).map(|_| Vec::new()).collect();
-    let mut push_status = |status: ExportStatus| {
-        if let Some(list) = cluster_index
-            .get(&status.cluster)
-            .and_then(|i| statuses_by_cluster.get_mut(*i))
-        {
-            list.push(status);
-        }
-    };
-    for status in invalid_statuses {
-        push_status(status);
-    }
-    let local_families = config.supported_families(importing);
-
-    let mut drafts = Vec::with_capacity(by_service.len());
-    for (service, exports) in &by_service {
-        let service = NamespacedName::clone(service);
-        let fams = families::merge(exports, config.ip_family_policy, &local_families);
-        let contributing: Vec<&exports::Export<'_>> = exports
-            .iter()
-            .filter(|e| !fams.excluded.contains(e.cluster))
-            .collect();
-        let ports = ports::merge(&contributing);
-        let props = properties::merge(exports);
-        let conflict = conditions::conflict(exports, &fams, &ports, &props);
-        for e in exports {
-            push_status(ExportStatus {
-                cluster: e.cluster.clone(),
-                service: service.clone(),
-                conditions: conditions::valid_export(conflict.clone()),
-            });
-        }
-        drafts.push(Draft {
-            service,
-            contributing,
-            families: fams,
-            ports,
-            props,
-        });
-    }
-
-    let requests: Vec<ips::Request<'_>> = drafts
-        .iter()
-        .filter(|d| d.props.winner.type_ == ServiceImportType::ClusterSetIP && d.families.supported)
-        .map(|d| ips::Request {
-            service: &d.service,
-            families: &d.families.import,
-        })
-        .collect();
-    // Both in service order: walked side by side with the drafts, no lookups.
-    let mut allocated = ips::allocate(&requests, existing, &config.cidrs)
-        .into_iter()
-        .peekable();
-
-    let mut plan = MergeOutput {
-        importing_cluster: Some(importing.clone()),
-        ..Default::default()
-    };
-    let mut names = slices::NameAllocator::default();
-    // About one slice per contributing cluster and family.
-    plan.endpoint_slices.reserve(
-        drafts
-            .iter()
-            .map(|d| d.contributing.len() * d.families.import.len())
-            .sum(),
-    );
-    plan.service_imports.reserve(drafts.len());
-    plan.routing.reserve(drafts.len());
-    for d in &drafts {
-        let mut ready = if d.families.supported {
-            conditions::import_ready()
-        } else {
-            conditions::import_family_not_supported(&d.families.import, &local_families)
-        };
-        let mut ips_out = Vec::new();
-        if d.props.winner.type_ == ServiceImportType::ClusterSetIP && d.families.supported {
-            while allocated.next_if(|(s, _)| *s < d.service).is_some() {}
-            match allocated.next_if(|(s, _)| *s == d.service) {
-                Some((_, ips)) => ips_out = ips,
-                None => ready = conditions::import_no_ip(&d.families.import),
-            }
-        }
-        let routing = ServiceRouting {
-            service: d.service.clone(),
-            ports: d.ports.merged.clone(),
-            families: d
-                .families
-                .import
-                .iter()
-                .map(|f| {
-                    let clusters = d
-                        .contributing
-                        .iter()
-                        .filter(|e| e.families.contains(f))
-                        .map(|e| e.cluster.clone())
-                        .collect();
-                    (*f, clusters)
-                })
-                .collect(),
-        };
-        if d.families.supported {
-            slices::build(
-                &d.service,
-                &d.contributing,
-                &routing,
-                &mut names,
-                &mut plan.endpoint_slices,
-            );
-        }
-        plan.service_imports.push(build_import(d, ips_out, ready));
-        plan.routing.push(routing);
-    }
-
-    // (cluster, service) is unique, so this order is total. The sort is stable for its speed
-    // on the long sorted run, not for ties (there are none).
-    let mut export_statuses = Vec::with_capacity(statuses_by_cluster.iter().map(Vec::len).sum());
-    for mut list in statuses_by_cluster {
-        list.sort_by(|a, b| a.service.cmp(&b.service));
-        export_statuses.append(&mut list);
-    }
-    plan.export_statuses = export_statuses;
-    plan.endpoint_slices = sorted_by_name(std::mem::take(&mut plan.endpoint_slices));
-    diagnostics.sort();
-    diagnostics.dedup();
-    plan.diagnostics = diagnostics;
-    plan
-}
-
-/// Slices sorted by namespace/name (unique: [`slices::NameAllocator`] hands out each name
-/// once). Built in service order, which is nearly always the slices' name order already.
-fn sorted_by_name(mut slices: Vec<ImportedSlice>) -> Vec<ImportedSlice> {
-    let key = |s: &ImportedSlice| (s.service.namespace.clone(), s.name.clone());
-    if !slices.is_sorted_by(|a, b| key(a) <= key(b)) {
-        slices.sort_unstable_by_key(key);
-    }
-    slices
-}
-
-/// One service between the merge steps and the output objects.
-struct Draft<'a> {
-    service: NamespacedName,
-    contributing: Vec<&'a exports::Export<'a>>,
-    families: families::Families,
-    ports: ports::MergedPorts,
-    props: properties::Properties,
-}
-
-fn build_import(d: &Draft<'_>, ips: Vec<IpAddr>, ready: MergeCondition) -> ImportRecord {
-    let w = &d.props.winner;
-    let mut clusters: Vec<ClusterStatus> = d
-        .contributing
-        .iter()
-        .map(|e| ClusterStatus {
-            cluster: e.cluster.to_string(),
-        })
-        .collect();
-    clusters.sort();
-    clusters.dedup();
-    ImportRecord {
-        service: d.service.clone(),
-        type_: w.type_,
-        ips,
-        ip_families: d.families.import.clone(),
-        ports: d.ports.merged.iter().map(|p| p.port.clone()).collect(),
-        session_affinity: Some(Name::from(w.session_affinity.as_str())),
-        session_affinity_config: w.session_affinity_config.clone(),
-        internal_traffic_policy: Some(Name::from(w.internal_traffic_policy.as_str())),
-        traffic_distribution: w.traffic_distribution.as_deref().map(Name::from),
-        labels: w.labels.clone(),
-        annotations: w.annotations.clone(),
-        status: Some(ServiceImportStatus {
-            clusters,
-            conditions: vec![ready.to_k8s(conditions::epoch())],
-        }),
-    }
+    let mut state = MergeState::new(config.clone(), importing.clone());
+    state.load(snapshots, existing);
+    state.output()
 }
 
 #[cfg(test)]

@@ -119,41 +119,29 @@ pub(crate) fn merge(exports: &[&Export<'_>]) -> MergedPorts {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::{Port, cluster};
+    use crate::merge::tests::bare_export;
 
     fn port(spec: &str) -> ServicePort {
         // name:port/PROTO[/app]
         let (name, rest) = spec.split_once(':').expect("name:");
         let mut parts = rest.split('/');
         let port = parts.next().and_then(|p| p.parse().ok()).expect("port");
-        let protocol = parts.next().unwrap_or("TCP").to_owned();
-        let app_protocol = parts.next().map(str::to_owned);
-        ServicePort {
-            name: (!name.is_empty()).then(|| name.to_owned()),
-            protocol: Some(protocol),
-            app_protocol,
-            port,
+        let mut p = Port::new(name, parts.next().unwrap_or("TCP"), port);
+        if let Some(app) = parts.next() {
+            p = p.app_protocol(app);
         }
+        p.into()
     }
 
     fn run(inputs: &[&[&str]]) -> (Merged, usize) {
         let ids: Vec<ClusterId> = (1..=inputs.len())
-            .map(|i| ClusterId::new(format!("c{i}")).expect("id"))
+            .map(|i| cluster(&format!("c{i}")))
             .collect();
-        let svc = crate::model::member::ServiceRecord::default();
-        let spec = crate::model::member::ExportRecord::default();
         let exports: Vec<Export<'_>> = inputs
             .iter()
             .zip(&ids)
-            .map(|(ports, id)| Export {
-                cluster: id,
-                service: &svc,
-                spec: &spec,
-                created: None,
-                ports: ports.iter().map(|p| port(p)).collect(),
-                families: vec![],
-                headless: false,
-                local_slices: &[],
-            })
+            .map(|(ports, id)| bare_export(id, ports.iter().map(|p| port(p)).collect(), vec![]))
             .collect();
         let refs: Vec<&Export<'_>> = exports.iter().collect();
         let m = merge(&refs);

@@ -22,13 +22,11 @@
 
 use std::sync::Arc;
 
-use foldhash::{HashMap, HashSet};
-
 use super::ServiceRouting;
 use super::exports::Export;
 use super::ips::fnv1a;
 use crate::model::{
-    IpFamily, NamespacedName,
+    IpFamily,
     member::LocalSlice,
     name::Name,
     records::{Endpoint, EndpointExtra, Endpoints, ImportedSlice, PortProtocol, SlicePort},
@@ -39,59 +37,49 @@ pub const MAX_ENDPOINTS: usize = 100;
 /// Longest object name (DNS subdomain).
 pub const MAX_NAME: usize = 253;
 
-/// Hands out unique slice names per namespace, in the order it is asked (the merge asks in
-/// sorted order, so the result is deterministic).
-#[derive(Debug, Default)]
-pub(crate) struct NameAllocator {
-    /// Names taken, per namespace.
-    used: HashMap<String, HashSet<String>>,
-}
-
-impl NameAllocator {
-    /// `salt` gives the text hashed into the name when it is needed (a collision or a long
-    /// name); it is rarely called.
-    fn claim(&mut self, namespace: &str, candidate: String, salt: &dyn Fn() -> String) -> String {
-        let hashed = |base: &str, salt: &str| {
-            let suffix = format!("-{:08x}", fnv1a(salt.as_bytes()) as u32);
-            let mut end = base.len().min(MAX_NAME - suffix.len());
-            while !base.is_char_boundary(end) {
-                end -= 1;
-            }
-            format!("{}{suffix}", &base[..end])
-        };
-        let mut name = if candidate.len() > MAX_NAME {
-            hashed(&candidate, &salt())
-        } else {
-            candidate.clone()
-        };
-        let used = match self.used.get_mut(namespace) {
-            Some(u) => u,
-            None => self.used.entry(namespace.to_owned()).or_default(),
-        };
-        let mut n = 0u32;
-        while used.contains(&name) {
-            // A second try is a name collision; more are hash collisions on top of it.
-            n += 1;
-            let salt = if n == 1 {
-                salt()
-            } else {
-                format!("{}#{n}", salt())
-            };
-            name = hashed(&candidate, &salt);
-        }
-        used.insert(name.clone());
-        name
+/// `candidate`, or, when it is longer than [`MAX_NAME`], its start with a hash of `salt()`.
+pub(crate) fn bounded(candidate: &str, salt: &dyn Fn() -> String) -> String {
+    if candidate.len() > MAX_NAME {
+        hashed(candidate, &salt())
+    } else {
+        candidate.to_owned()
     }
 }
 
-/// Builds the imported slices of one service, appended to `out`.
-pub(crate) fn build(
-    service: &NamespacedName,
+/// The `n`th other name for `candidate` when it is taken: hashed with `salt()` (and `n`, after
+/// the first: a second try is a name collision; more are hash collisions on top of it).
+pub(crate) fn renamed(candidate: &str, salt: &dyn Fn() -> String, n: u32) -> String {
+    let salt = if n == 1 {
+        salt()
+    } else {
+        format!("{}#{n}", salt())
+    };
+    hashed(candidate, &salt)
+}
+
+/// `base` cut to leave room for `-<8 hex digits of FNV-1a of salt>`, and that suffix.
+fn hashed(base: &str, salt: &str) -> String {
+    let suffix = format!("-{:08x}", fnv1a(salt.as_bytes()) as u32);
+    let mut end = base.len().min(MAX_NAME - suffix.len());
+    while !base.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{suffix}", &base[..end])
+}
+
+/// Hands out a slice's name: (namespace, candidate, the salt of a hashed name) to the name.
+pub(crate) type Claim<'a, E> =
+    dyn FnMut(&Name, String, &dyn Fn() -> String) -> Result<String, E> + 'a;
+
+/// Builds the imported slices of one service (`routing.service`), appended to `out`, their
+/// names from `claim`.
+pub(crate) fn build<E>(
     contributing: &[&Export<'_>],
     routing: &ServiceRouting,
-    names: &mut NameAllocator,
     out: &mut Vec<ImportedSlice>,
-) {
+    claim: &mut Claim<'_, E>,
+) -> Result<(), E> {
+    let service = &routing.service;
     let mut sorted: Vec<&&Export<'_>> = contributing.iter().collect();
     sorted.sort_by_key(|e| e.cluster);
     for e in sorted {
@@ -159,7 +147,7 @@ pub(crate) fn build(
                     } else {
                         format!("{base}-{index}")
                     };
-                    let name = names.claim(&service.namespace, candidate, &salt);
+                    let name = claim(&service.namespace, candidate, &salt)?;
                     out.push(ImportedSlice {
                         name: Name::from(name),
                         service: service.clone(),
@@ -172,6 +160,7 @@ pub(crate) fn build(
             }
         }
     }
+    Ok(())
 }
 
 /// The endpoints of a group of local slices, sorted and deduplicated, in chunks of at most
@@ -197,28 +186,4 @@ fn chunks(locals: &[&LocalSlice]) -> Vec<Arc<Endpoints>> {
     all.chunks(MAX_ENDPOINTS)
         .map(|chunk| Arc::new(Endpoints::new(chunk.iter().cloned())))
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_are_unique_and_bounded() {
-        let mut n = NameAllocator::default();
-        let a = n.claim("ns", "web-a-b-ipv4".into(), &|| "ns/web/a-b".into());
-        let b = n.claim("ns", "web-a-b-ipv4".into(), &|| "ns/web-a/b".into());
-        assert_eq!(a, "web-a-b-ipv4");
-        assert_ne!(a, b);
-        assert!(b.starts_with("web-a-b-ipv4-"));
-        // another namespace may reuse the name
-        assert_eq!(
-            n.claim("other", "web-a-b-ipv4".into(), &|| "x".into()),
-            "web-a-b-ipv4"
-        );
-        let long = n.claim("ns", "x".repeat(400), &|| "salt".into());
-        assert!(long.len() <= MAX_NAME);
-        let again = n.claim("ns", "x".repeat(400), &|| "salt".into());
-        assert!(again.len() <= MAX_NAME && again != long);
-    }
 }

@@ -1,25 +1,49 @@
 //! Property tests of the whole merge: input order does not matter, merging again with the
 //! produced imports as the existing ones changes nothing, and no input makes it panic.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::{Arc, LazyLock};
 
-use k8s_openapi::api::core::v1::{ServicePort as K8sPort, ServiceSpec};
-use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::api::discovery::v1::EndpointConditions;
 use proptest::prelude::*;
 
 use super::*;
+use crate::fixtures::{
+    Port, cluster, endpoint_of, endpoint_slice, export, import, local_slice, manifests, service,
+    snapshot,
+};
 use crate::manifest::parse_documents;
 use crate::model::{
-    Interner, LABEL_K8S_SERVICE_NAME, ObjectMeta, ServiceExportSpec,
-    member::ExportRecord,
+    Interner, ObjectMeta, ServiceExportSpec,
+    member::{ExportRecord, ServiceRecord},
     records::{ImportRecord, ImportedSlice},
 };
 
 const NAMES: &[&str] = &["web", "db", "api", "web-a"];
 
-fn arb_port() -> impl Strategy<Value = K8sPort> {
+/// A valid export of an empty Service from `cluster`, with these (normalised) ports and
+/// families: the input of the step tests of [`ports`] and [`families`].
+pub(super) fn bare_export(
+    cluster: &ClusterId,
+    ports: Vec<ServicePort>,
+    families: Vec<IpFamily>,
+) -> exports::Export<'_> {
+    static SERVICE: LazyLock<ServiceRecord> = LazyLock::new(ServiceRecord::default);
+    static SPEC: LazyLock<ExportRecord> = LazyLock::new(ExportRecord::default);
+    exports::Export {
+        cluster,
+        service: &SERVICE,
+        spec: &SPEC,
+        created: None,
+        ports,
+        families,
+        headless: false,
+        local_slices: &[],
+    }
+}
+
+fn arb_port() -> impl Strategy<Value = Port> {
     (
         prop::sample::select(vec![None, Some(""), Some("http"), Some("tcp"), Some("a")]),
         prop::sample::select(vec![
@@ -32,10 +56,10 @@ fn arb_port() -> impl Strategy<Value = K8sPort> {
         prop::sample::select(vec![42, 80, 8080, 0, 70000, -1]),
         prop::sample::select(vec![None, Some("h2c"), Some("")]),
     )
-        .prop_map(|(name, protocol, port, app)| K8sPort {
+        .prop_map(|(name, protocol, port, app)| Port {
             name: name.map(str::to_owned),
             protocol: protocol.map(str::to_owned),
-            port,
+            port: Some(port),
             app_protocol: app.map(str::to_owned),
             ..Default::default()
         })
@@ -63,30 +87,23 @@ fn arb_service() -> impl Strategy<Value = Service> {
         prop::sample::select(vec![None, Some("PreferClose"), Some("PreferSameZone")]),
     )
         .prop_map(
-            |(name, type_, headless, ports, fams, aff, timeout, itp, td)| Service {
-                metadata: ObjectMeta {
-                    name: Some(name.into()),
-                    namespace: Some("demo".into()),
-                    ..Default::default()
-                },
-                spec: Some(ServiceSpec {
-                    type_: type_.map(str::to_owned),
-                    cluster_ip: headless.then(|| "None".to_owned()),
-                    ports: Some(ports),
-                    ip_families: fams.map(|f| f.into_iter().map(str::to_owned).collect()),
-                    session_affinity: aff.map(str::to_owned),
-                    session_affinity_config: timeout.map(|t| {
-                        k8s_openapi::api::core::v1::SessionAffinityConfig {
-                            client_ip: Some(k8s_openapi::api::core::v1::ClientIPConfig {
-                                timeout_seconds: Some(t),
-                            }),
-                        }
-                    }),
-                    internal_traffic_policy: itp.map(str::to_owned),
-                    traffic_distribution: td.map(str::to_owned),
-                    ..Default::default()
-                }),
-                status: None,
+            |(name, type_, headless, ports, fams, aff, timeout, itp, td)| {
+                let mut svc = service("demo", name)
+                    .type_(type_)
+                    .ports(ports)
+                    .affinity(aff)
+                    .internal_traffic_policy(itp)
+                    .traffic_distribution(td);
+                if headless {
+                    svc = svc.headless();
+                }
+                if let Some(f) = fams {
+                    svc = svc.families(&f);
+                }
+                if let Some(t) = timeout {
+                    svc = svc.affinity_timeout(Some(t));
+                }
+                svc.build()
             },
         )
 }
@@ -98,22 +115,14 @@ fn arb_export() -> impl Strategy<Value = ServiceExport> {
         prop::sample::select(vec![None, Some("x"), Some("y")]),
     )
         .prop_map(|(name, ts, label)| {
-            let mut se = ServiceExport::new(
-                name,
-                ServiceExportSpec {
-                    exported_labels: label
-                        .map(|l| BTreeMap::from([("l".to_owned(), l.to_owned())]))
-                        .unwrap_or_default(),
-                    ..Default::default()
-                },
-            );
-            se.metadata.namespace = Some("demo".into());
-            se.metadata.creation_timestamp = ts.and_then(|s| {
-                k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 + s)
-                    .ok()
-                    .map(Time)
-            });
-            se
+            let mut se = export("demo", name);
+            if let Some(s) = ts {
+                se = se.created_at(1_700_000_000 + s);
+            }
+            if let Some(l) = label {
+                se = se.exported_labels(&[("l", l)]);
+            }
+            se.build()
         })
 }
 
@@ -142,38 +151,24 @@ fn arb_slice() -> impl Strategy<Value = EndpointSlice> {
             0..4,
         ),
     )
-        .prop_map(|(name, svc, at, ports, eps)| EndpointSlice {
-            metadata: ObjectMeta {
-                name: Some(format!("{}-{name}", svc.unwrap_or("none"))),
-                namespace: Some("demo".into()),
-                labels: svc
-                    .map(|s| BTreeMap::from([(LABEL_K8S_SERVICE_NAME.to_owned(), s.to_owned())])),
-                ..Default::default()
-            },
-            address_type: at.into(),
-            ports: Some(
-                ports
-                    .into_iter()
-                    .map(|(n, p, proto)| EndpointPort {
-                        name: n.map(str::to_owned),
-                        port: p,
-                        protocol: proto.map(str::to_owned),
-                        app_protocol: None,
-                    })
-                    .collect(),
-            ),
-            endpoints: eps
-                .into_iter()
-                .map(|(addrs, ready, terminating)| Endpoint {
-                    addresses: addrs.into_iter().map(str::to_owned).collect(),
-                    conditions: Some(EndpointConditions {
-                        ready,
-                        serving: None,
-                        terminating,
-                    }),
+        .prop_map(|(name, svc, at, ports, eps)| {
+            let name = format!("{}-{name}", svc.unwrap_or("none"));
+            let slice = match svc {
+                Some(s) => local_slice("demo", &name, s),
+                None => endpoint_slice("demo", &name),
+            };
+            slice
+                .address_type(at)
+                .ports(ports.into_iter().map(|(n, p, proto)| Port {
+                    name: n.map(str::to_owned),
+                    port: p,
+                    protocol: proto.map(str::to_owned),
                     ..Default::default()
-                })
-                .collect(),
+                }))
+                .endpoints(eps.into_iter().map(|(addrs, ready, terminating)| {
+                    endpoint_of(addrs).conditions((ready, None, terminating))
+                }))
+                .build()
         })
 }
 
@@ -206,7 +201,7 @@ fn arb_config() -> impl Strategy<Value = ClusterSetConfig> {
                 cfg.cidrs.ipv6 = "fd00::/126".parse().unwrap_or(cfg.cidrs.ipv6);
             }
             if !c0.is_empty() {
-                cfg.clusters.insert(ClusterId::new("c0").expect("id"), c0);
+                cfg.clusters.insert(cluster("c0"), c0);
             }
             cfg
         })
@@ -229,13 +224,13 @@ fn arb_existing() -> impl Strategy<Value = Vec<ImportRecord>> {
             ),
         )
             .prop_map(|(name, ips)| {
-                let mut si = crate::model::ServiceImport::default();
-                si.metadata.name = Some(name.into());
-                si.metadata.namespace = Some("demo".into());
-                si.spec.ips = ips.into_iter().map(str::to_owned).collect();
-                ImportRecord::from_k8s(&si, &Interner::new(), false)
-                    .record
-                    .expect("an import always converts")
+                ImportRecord::from_k8s(
+                    &import("demo", name).ips(&ips).build(),
+                    &Interner::new(),
+                    false,
+                )
+                .record
+                .expect("an import always converts")
             }),
         0..4,
     )
@@ -262,13 +257,7 @@ fn snapshots(
         .iter()
         .enumerate()
         .map(|(i, (s, e, sl))| {
-            ClusterSnapshot::from_k8s(
-                ClusterId::new(format!("c{i}")).expect("id"),
-                s,
-                e,
-                sl,
-                &Interner::new(),
-            )
+            ClusterSnapshot::from_k8s(cluster(&format!("c{i}")), s, e, sl, &Interner::new())
         })
         .collect()
 }
@@ -297,7 +286,7 @@ proptest! {
     #[test]
     fn input_order_does_not_matter((clusters, cfg, mut existing) in arb_case(), rotate in 0usize..5) {
         let snaps = snapshots(&clusters);
-        let importing = ClusterId::new("c0").expect("id");
+        let importing = cluster("c0");
         let a = merge(&snaps, &cfg, &importing, &existing);
         existing.reverse();
         let b = merge(&reorder(snaps, rotate), &cfg, &importing, &existing);
@@ -307,7 +296,7 @@ proptest! {
     #[test]
     fn merging_again_with_the_produced_imports_is_stable((clusters, cfg, existing) in arb_case()) {
         let snaps = snapshots(&clusters);
-        let importing = ClusterId::new("c0").expect("id");
+        let importing = cluster("c0");
         let first = merge(&snaps, &cfg, &importing, &existing);
         let second = merge(&snaps, &cfg, &importing, &first.service_imports);
         prop_assert_eq!(&first, &second);
@@ -332,7 +321,7 @@ proptest! {
     #[test]
     fn plan_lists_are_sorted((clusters, cfg, existing) in arb_case()) {
         let snaps = snapshots(&clusters);
-        let importing = ClusterId::new("c0").expect("id");
+        let importing = cluster("c0");
         let plan = merge(&snaps, &cfg, &importing, &existing);
         prop_assert!(plan.service_imports.windows(2).all(|w| w[0].service < w[1].service));
         let key = |s: &ImportedSlice| (s.service.namespace.clone(), s.name.clone());
@@ -347,15 +336,10 @@ proptest! {
     fn arbitrary_manifests_never_panic(texts in prop::collection::vec(arb_yaml(), 1..4)) {
         let mut snaps = Vec::new();
         for (i, text) in texts.iter().enumerate() {
-            let mut snap = ClusterSnapshot::empty(ClusterId::new(format!("c{i}")).expect("id"));
             let (objects, _errors) = parse_documents(text, Path::new("fuzz.yaml"));
-            let names = Interner::new();
-            for m in objects {
-                snap.add_manifest(m, &names);
-            }
-            snaps.push(snap);
+            snaps.push(snapshot(&format!("c{i}")).manifests(objects).build());
         }
-        let importing = ClusterId::new("c0").expect("id");
+        let importing = cluster("c0");
         let plan = merge(&snaps, &ClusterSetConfig::default(), &importing, &[]);
         let _ = crate::lb::build_records(&plan.service_imports, &plan.endpoint_slices);
     }
@@ -424,7 +408,7 @@ fn arb_yaml() -> impl Strategy<Value = String> {
 
 #[test]
 fn hostname_zone_and_conditions_are_copied() {
-    let c1 = ClusterId::new("c1").expect("id");
+    let c1 = cluster("c1");
     let text = r#"
 apiVersion: v1
 kind: Service
@@ -444,13 +428,7 @@ endpoints:
 - {addresses: [10.0.0.2], hostname: web-1, zone: z2, nodeName: n1, conditions: {ready: false, serving: true, terminating: true}}
 - {addresses: [10.0.0.1, "fd00::1"], hostname: web-0, zone: z1}
 "#;
-    let (objects, errors) = parse_documents(text, Path::new("t.yaml"));
-    assert!(errors.is_empty(), "{errors:?}");
-    let mut snap = ClusterSnapshot::empty(c1.clone());
-    let names = Interner::new();
-    for m in objects {
-        snap.add_manifest(m, &names);
-    }
+    let snap = snapshot("c1").manifests(manifests(text)).build();
     let plan = merge(&[snap], &ClusterSetConfig::default(), &c1, &[]);
     assert_eq!(plan.endpoint_slices.len(), 1);
     let eps = &plan.endpoint_slices[0].to_k8s().endpoints;
@@ -481,7 +459,7 @@ endpoints:
 
 #[test]
 fn duplicate_cluster_snapshots_are_combined_and_reported() {
-    let c1 = ClusterId::new("c1").expect("id");
+    let c1 = cluster("c1");
     let mut a = ClusterSnapshot::empty(c1.clone());
     a.service_exports.push(Arc::new(ExportRecord::from_k8s(
         &ServiceExport::new("web", ServiceExportSpec::default()),
@@ -498,7 +476,7 @@ fn duplicate_cluster_snapshots_are_combined_and_reported() {
 /// "web-a-c1-ipv4" < "web-c1-ipv4"): the plan still lists slices by name.
 #[test]
 fn slices_are_listed_by_name_even_when_services_sort_otherwise() {
-    let c1 = ClusterId::new("c1").expect("id");
+    let c1 = cluster("c1");
     let mut text = String::new();
     for name in ["web", "web-a"] {
         text.push_str(&format!(
@@ -522,13 +500,7 @@ endpoints: [{{addresses: [10.0.0.1]}}]
 "#
         ));
     }
-    let (objects, errors) = parse_documents(&text, Path::new("t.yaml"));
-    assert!(errors.is_empty(), "{errors:?}");
-    let mut snap = ClusterSnapshot::empty(c1.clone());
-    let names = Interner::new();
-    for m in objects {
-        snap.add_manifest(m, &names);
-    }
+    let snap = snapshot("c1").manifests(manifests(&text)).build();
     let plan = merge(&[snap], &ClusterSetConfig::default(), &c1, &[]);
     let names: Vec<&str> = plan.endpoint_slices.iter().map(|s| &*s.name).collect();
     assert_eq!(names, vec!["web-a-c1-ipv4", "web-c1-ipv4"]);
@@ -538,4 +510,165 @@ endpoints: [{{addresses: [10.0.0.1]}}]
         .map(|s| &*s.service.name)
         .collect();
     assert_eq!(imports, vec!["web", "web-a"]);
+}
+
+mod incremental {
+    //! The merge kept service by service ([`MergeState::update`]) against a full merge of the
+    //! same final inputs.
+
+    use super::*;
+    use crate::merge::{MemberChange, MergeState};
+    use crate::model::member::{LocalSlice, ServiceRecord};
+
+    /// One member's objects, one per namespace/name, as an API server holds them.
+    #[derive(Clone, Debug, Default)]
+    struct Member {
+        services: BTreeMap<String, Service>,
+        exports: BTreeMap<String, ServiceExport>,
+        slices: BTreeMap<String, EndpointSlice>,
+    }
+
+    fn name_of(meta: &ObjectMeta) -> String {
+        meta.name.clone().unwrap_or_default()
+    }
+
+    /// One watch event in one member.
+    #[derive(Clone, Debug)]
+    #[allow(clippy::large_enum_variant)] // test data
+    enum Event {
+        Service(usize, Service),
+        DeleteService(usize, usize),
+        Export(usize, ServiceExport),
+        DeleteExport(usize, usize),
+        Slice(usize, EndpointSlice),
+        /// The same slice name relabelled to another service: the slice moves.
+        MoveSlice(usize, EndpointSlice),
+        DeleteSlice(usize, usize),
+        Withdraw(usize, bool),
+    }
+
+    fn arb_event() -> impl Strategy<Value = Event> {
+        let c = 0usize..3;
+        prop_oneof![
+            (c.clone(), arb_service()).prop_map(|(c, s)| Event::Service(c, s)),
+            (c.clone(), any::<usize>()).prop_map(|(c, i)| Event::DeleteService(c, i)),
+            (c.clone(), arb_export()).prop_map(|(c, e)| Event::Export(c, e)),
+            (c.clone(), any::<usize>()).prop_map(|(c, i)| Event::DeleteExport(c, i)),
+            (c.clone(), arb_slice()).prop_map(|(c, s)| Event::Slice(c, s)),
+            (c.clone(), arb_slice()).prop_map(|(c, s)| Event::MoveSlice(c, s)),
+            (c.clone(), any::<usize>()).prop_map(|(c, i)| Event::DeleteSlice(c, i)),
+            (c, any::<bool>()).prop_map(|(c, w)| Event::Withdraw(c, w)),
+        ]
+    }
+
+    /// Cluster ids that make slice names collide: service `web-a` of cluster `b` and
+    /// service `web` of cluster `a-b` both want `web-a-b-ipv4`.
+    fn cluster(i: usize) -> ClusterId {
+        ClusterId::new(["a", "b", "a-b"][i % 3]).expect("id")
+    }
+
+    fn snapshots_of(members: &[Member], names: &Interner) -> Vec<ClusterSnapshot> {
+        members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                ClusterSnapshot::from_k8s(
+                    cluster(i),
+                    &m.services.values().cloned().collect::<Vec<_>>(),
+                    &m.exports.values().cloned().collect::<Vec<_>>(),
+                    &m.slices.values().cloned().collect::<Vec<_>>(),
+                    names,
+                )
+            })
+            .collect()
+    }
+
+    fn nth_key<T>(map: &BTreeMap<String, T>, i: usize) -> Option<String> {
+        map.keys().nth(i % map.len().max(1)).cloned()
+    }
+
+    fn id(namespace: &str, name: &str) -> NamespacedName {
+        NamespacedName::new(namespace, name)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        /// Any sequence of member events, each merged into only the services it touches
+        /// (with the falls back to a full merge where the order of IPs or slice names
+        /// matters), gives what a full merge of the final inputs gives, with the current
+        /// imports as the existing ones: imports, their IPs and status, imported slices and
+        /// their names, every export's conditions and the diagnostics.
+        #[test]
+        fn any_events_give_what_a_full_merge_of_the_final_state_gives(
+            (clusters, cfg, existing) in arb_case(),
+            events in prop::collection::vec(arb_event(), 1..16),
+        ) {
+            let names = Interner::new();
+            let mut members: Vec<Member> = (0..3).map(|_| Member::default()).collect();
+            for (i, (services, exports, slices)) in clusters.iter().enumerate() {
+                let m = &mut members[i];
+                m.services.extend(services.iter().map(|s| (name_of(&s.metadata), s.clone())));
+                m.exports.extend(exports.iter().map(|e| (name_of(&e.metadata), e.clone())));
+                m.slices.extend(slices.iter().map(|s| (name_of(&s.metadata), s.clone())));
+            }
+            let c0 = cluster(0);
+            let mut state = MergeState::new(cfg.clone(), c0.clone());
+            state.load(&snapshots_of(&members, &names), &existing);
+            let mut withdrawn = BTreeSet::new();
+
+            for event in events {
+                let mut dirty = BTreeSet::new();
+                let change = match event {
+                    Event::Service(c, s) => {
+                        members[c].services.insert(name_of(&s.metadata), s.clone());
+                        MemberChange::Service(cluster(c), Arc::new(ServiceRecord::from_k8s(&s, &names)))
+                    }
+                    Event::DeleteService(c, i) => {
+                        let Some(k) = nth_key(&members[c].services, i) else { continue };
+                        members[c].services.remove(&k);
+                        MemberChange::ServiceDeleted(cluster(c), id("demo", &k))
+                    }
+                    Event::Export(c, e) => {
+                        members[c].exports.insert(name_of(&e.metadata), e.clone());
+                        MemberChange::Export(cluster(c), Arc::new(ExportRecord::from_k8s(&e, &names)))
+                    }
+                    Event::DeleteExport(c, i) => {
+                        let Some(k) = nth_key(&members[c].exports, i) else { continue };
+                        members[c].exports.remove(&k);
+                        MemberChange::ExportDeleted(cluster(c), id("demo", &k))
+                    }
+                    Event::Slice(c, s) => {
+                        members[c].slices.insert(name_of(&s.metadata), s.clone());
+                        MemberChange::Slice(cluster(c), Arc::new(LocalSlice::from_k8s(&s, &names)))
+                    }
+                    Event::MoveSlice(c, mut s) => {
+                        s.metadata.name = Some("moving".into());
+                        members[c].slices.insert("moving".into(), s.clone());
+                        MemberChange::Slice(cluster(c), Arc::new(LocalSlice::from_k8s(&s, &names)))
+                    }
+                    Event::DeleteSlice(c, i) => {
+                        let Some(k) = nth_key(&members[c].slices, i) else { continue };
+                        members[c].slices.remove(&k);
+                        MemberChange::SliceDeleted(cluster(c), id("demo", &k))
+                    }
+                    Event::Withdraw(c, out) => {
+                        if out { withdrawn.insert(cluster(c)); } else { withdrawn.remove(&cluster(c)); }
+                        MemberChange::Withdrawn(cluster(c), out)
+                    }
+                };
+                state.apply(change, &mut dirty);
+                state.update(&dirty);
+            }
+
+            let incremental = state.output();
+            let mut full = MergeState::new(cfg, c0);
+            let mut ignored = BTreeSet::new();
+            for c in &withdrawn {
+                full.apply(MemberChange::Withdrawn(c.clone(), true), &mut ignored);
+            }
+            full.load(&snapshots_of(&members, &names), &incremental.service_imports);
+            prop_assert_eq!(incremental, full.output());
+        }
+    }
 }

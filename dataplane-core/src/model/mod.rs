@@ -199,6 +199,7 @@ pub struct ServiceImportStatus {
 }
 
 mod crd;
+pub mod dns;
 mod ip;
 pub mod member;
 pub mod name;

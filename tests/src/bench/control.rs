@@ -20,10 +20,10 @@ use dataplane_agent::bpf::{
     sync::MapSync,
 };
 use dataplane_core::{
+    fixtures::synthetic::{self, Shape},
     lb::{self, FrontendAddr, LbTable, Protocol},
     merge::{self, ClusterSetConfig, MergeOutput},
     model::{EndpointSlice, NamespacedName},
-    synthetic::{self, Shape},
 };
 use serde::Serialize;
 
@@ -281,7 +281,7 @@ fn fresh_ip(i: usize) -> IpAddr {
 }
 
 /// Reads `VmRSS` and `VmHWM` (MiB) of a process.
-fn memory_of(pid: u32) -> anyhow::Result<(f64, f64)> {
+pub(crate) fn memory_of(pid: u32) -> anyhow::Result<(f64, f64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let field = |name: &str| -> anyhow::Result<f64> {
         let line = status

@@ -3,12 +3,13 @@
 
 use std::fmt::Write as _;
 
-use dataplane_core::synthetic::Shape;
+use dataplane_core::fixtures::synthetic::Shape;
 use serde::Serialize;
 
 use super::{
     control::ControlReport,
     datapath::{DatapathReport, Mode, Proto, Throughput, hooks::HookCost},
+    dns::DnsReport,
 };
 
 /// Where and how the run happened.
@@ -29,6 +30,7 @@ pub struct BenchReport {
     pub run: RunInfo,
     pub datapath: Option<DatapathReport>,
     pub control: Option<ControlReport>,
+    pub dns: Option<DnsReport>,
 }
 
 /// One goal of the issue, checked against a figure of this run.
@@ -73,6 +75,9 @@ fn ratio(a: f64, b: f64) -> String {
 /// The goals that this run's figures speak to.
 pub fn goals(report: &BenchReport) -> Vec<Goal> {
     let mut goals = Vec::new();
+    if let Some(dns) = &report.dns {
+        dns_goals(dns, &mut goals);
+    }
     if let Some(dp) = &report.datapath {
         for (hook, services) in [
             ("connect4", 1),
@@ -220,7 +225,47 @@ pub fn markdown(report: &BenchReport) -> String {
     if let Some(cp) = &report.control {
         control_tables(&mut out, cp);
     }
+    if let Some(dns) = &report.dns {
+        super::dns::markdown(&mut out, dns);
+    }
     out
+}
+
+/// The DNS goals, at 10,000 imports (only when the run measured that size).
+fn dns_goals(dns: &DnsReport, goals: &mut Vec<Goal>) {
+    let n = 10_000;
+    let row = |server: &str| {
+        dns.rows
+            .iter()
+            .find(|r| r.imports == n && r.server == server)
+    };
+    if let (Some(ours), Some(nsd)) = (row("ours"), row("nsd")) {
+        let r = ours.qps / nsd.qps;
+        goals.push(Goal {
+            goal: "DNS at 10,000 imports: >= 0.5x NSD's queries/s".into(),
+            measured: format!("{r:.2}x ({:.0} vs {:.0} qps)", ours.qps, nsd.qps),
+            met: r >= 0.5,
+        });
+        goals.push(Goal {
+            goal: "DNS at 10,000 imports: p99 <= 1 ms at half NSD's rate".into(),
+            measured: format!(
+                "p99 {:.3} ms at {:.0} qps (NSD: {:.3} ms)",
+                ours.latency.p99_ms, ours.latency_rate, nsd.latency.p99_ms
+            ),
+            met: ours.latency.p99_ms <= 1.0,
+        });
+    }
+    if let Some(m) = dns.memory.iter().find(|m| m.imports == n) {
+        let added = m.rss_with_dns_mib - m.rss_without_dns_mib;
+        goals.push(Goal {
+            goal: "DNS at 10,000 imports: <= 16 MiB added to the agent".into(),
+            measured: format!(
+                "{added:.1} MiB ({:.1} vs {:.1} MiB RSS)",
+                m.rss_with_dns_mib, m.rss_without_dns_mib
+            ),
+            met: added <= 16.0,
+        });
+    }
 }
 
 fn datapath_tables(out: &mut String, dp: &DatapathReport, cp: Option<&ControlReport>) {

@@ -9,10 +9,11 @@ use std::{
 
 use anyhow::Context as _;
 use clap::Parser;
-use dataplane_core::synthetic::Shape;
+use dataplane_core::fixtures::synthetic::Shape;
 use tests::bench::{
     control::{self, ControlOptions},
     datapath::{self, DatapathOptions, Mode, Proto},
+    dns::{self, DnsBenchOptions},
     plot,
     report::{self, BenchReport, RunInfo},
 };
@@ -30,9 +31,12 @@ struct Args {
     /// Output directory.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
-    /// Run only the datapath or only the control-plane half.
-    #[arg(long, value_parser = ["datapath", "control"])]
+    /// Run only the datapath, the control-plane or the DNS part.
+    #[arg(long, value_parser = ["datapath", "control", "dns"])]
     only: Option<String>,
+    /// Import counts for the DNS part (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    dns_imports: Option<Vec<usize>>,
     /// Datapath modes (comma-separated: socket-lb, iptables, nftables, direct).
     #[arg(long, value_delimiter = ',')]
     modes: Option<Vec<Mode>>,
@@ -111,13 +115,28 @@ fn main() -> anyhow::Result<()> {
         },
     };
 
-    let datapath = match args.only.as_deref() {
-        Some("control") => None,
-        _ => Some(datapath::run(&datapath_opts).context("datapath benchmark")?),
+    let wanted = |part: &str| args.only.as_deref().is_none_or(|only| only == part);
+    let datapath = match wanted("datapath") {
+        false => None,
+        true => Some(datapath::run(&datapath_opts).context("datapath benchmark")?),
     };
-    let control = match args.only.as_deref() {
-        Some("datapath") => None,
-        _ => Some(control::run(&control_opts).context("control-plane benchmark")?),
+    let control = match wanted("control") {
+        false => None,
+        true => Some(control::run(&control_opts).context("control-plane benchmark")?),
+    };
+    let dns_opts = DnsBenchOptions {
+        imports: args.dns_imports.clone().unwrap_or(if args.quick {
+            vec![1_000]
+        } else {
+            vec![1_000, 10_000]
+        }),
+        seconds: args.seconds.unwrap_or(if args.quick { 2.0 } else { 5.0 }),
+        rounds: if args.quick { 1 } else { 3 },
+        work_dir: work_dir.clone(),
+    };
+    let dns = match wanted("dns") {
+        false => None,
+        true => Some(dns::run(&dns_opts).context("DNS benchmark")?),
     };
     let _ = std::fs::remove_dir_all(&work_dir);
 
@@ -150,6 +169,7 @@ fn main() -> anyhow::Result<()> {
         },
         datapath,
         control,
+        dns,
     };
     if let Some(dp) = &report.datapath {
         plot::datapath(&args.out.join("datapath.png"), &dp.throughput)?;

@@ -2,8 +2,9 @@
 //!
 //! Each member cluster gets a network namespace with a backend on every endpoint address and
 //! port of its EndpointSlices. The agent runs in standalone mode (`run --clusterset-dir`),
-//! merges the clusters and programs the socket load balancer for a client namespace. The demo
-//! then probes every service, port and family from the client and prints which clusters
+//! merges the clusters and programs the socket load balancer for a client namespace, and serves
+//! `clusterset.local` DNS on loopback. The demo resolves every service by name, then probes the
+//! address it got for every port and family from the client and prints which clusters
 //! answered, next to the clusters the merge made eligible and the conflicts it reported.
 //! Everything it creates is removed on exit and on Ctrl-C. Root only.
 
@@ -21,7 +22,14 @@ use dataplane_core::{
     merge::conditions::{ConditionStatus, ConditionType},
     model::ClusterId,
 };
-use tests::{agent::Agent, clusterset, netns::Topology, probe::by_cluster};
+use hickory_proto::{op::ResponseCode, rr::RecordType};
+use tests::{
+    agent::Agent,
+    clusterset,
+    dns::{self, Transport},
+    netns::Topology,
+    probe::by_cluster,
+};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -99,6 +107,7 @@ fn demo() -> anyhow::Result<()> {
     }
     let report = std::path::absolute(&args.report)?;
     let dir = args.dir.canonicalize()?;
+    let dns_addr = std::net::SocketAddr::from(([127, 0, 0, 1], dns::free_port()?));
     let mut agent = Agent::start(
         &topo,
         &[
@@ -109,6 +118,8 @@ fn demo() -> anyhow::Result<()> {
             &importing,
             "--report",
             &report.display().to_string(),
+            "--dns-listen",
+            &dns_addr.to_string(),
         ],
     )?;
     let expected = plan.lb.frontends.len() + plan.lb.vips.len();
@@ -118,9 +129,56 @@ fn demo() -> anyhow::Result<()> {
         |i| i.frontends.len() == expected,
     )?;
     println!(
-        "agent running in standalone mode as cluster {importing}; report at {}\n",
+        "agent running in standalone mode as cluster {importing}; report at {}",
         report.display()
     );
+    dns::wait_ready(dns_addr, "dns-version.clusterset.local.", 100)?;
+    // Every service by name: its addresses, and the SRV record of each named port.
+    println!("\nclusterset.local DNS, served by the agent on {dns_addr}:");
+    let mut resolved: BTreeMap<(String, bool), Option<std::net::IpAddr>> = BTreeMap::new();
+    let mut services: BTreeSet<(String, String)> = BTreeSet::new();
+    for fe in plan.lb.frontends.values() {
+        services.insert((
+            fe.service.namespace.to_string(),
+            fe.service.name.to_string(),
+        ));
+    }
+    for (namespace, name) in &services {
+        let fqdn = format!("{name}.{namespace}.svc.clusterset.local.");
+        let mut shown = Vec::new();
+        for (rtype, v4) in [(RecordType::A, true), (RecordType::AAAA, false)] {
+            let reply = dns::query_blocking(dns_addr, Transport::Udp, &fqdn, rtype)?;
+            let ip = reply.data().first().and_then(|d| d.parse().ok());
+            if let Some(ip) = ip {
+                shown.push(format!("{rtype} {ip}"));
+            }
+            resolved.insert((fqdn.clone(), v4), ip);
+        }
+        println!("  {fqdn:<44} {}", shown.join("  "));
+        // Each named port once per protocol (a port is a frontend per family).
+        let ports: BTreeSet<(String, Protocol)> = plan
+            .lb
+            .frontends
+            .iter()
+            .filter(|(_, f)| *f.service.namespace == **namespace && *f.service.name == **name)
+            .filter(|(_, f)| !f.port_name.is_empty())
+            .map(|(a, f)| (f.port_name.clone(), a.protocol))
+            .collect();
+        for (port_name, protocol) in ports {
+            let srv = format!(
+                "_{port_name}._{}.{fqdn}",
+                protocol.to_string().to_lowercase()
+            );
+            let reply = dns::query_blocking(dns_addr, Transport::Udp, &srv, RecordType::SRV)?;
+            let text = if reply.code == ResponseCode::NoError {
+                reply.data().join(", ")
+            } else {
+                format!("{:?}", reply.code)
+            };
+            println!("  {srv:<44} SRV {text}");
+        }
+    }
+    println!();
 
     // Conflicts and invalid exports, per service, as the merge reported them.
     let mut notes: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
@@ -157,6 +215,20 @@ fn demo() -> anyhow::Result<()> {
         if STOP.load(Ordering::SeqCst) {
             println!("interrupted");
             return Ok(());
+        }
+        // The address comes from DNS: the name must resolve to the frontend's VIP.
+        let fqdn = format!(
+            "{}.{}.svc.clusterset.local.",
+            fe.service.name, fe.service.namespace
+        );
+        let by_name = resolved.get(&(fqdn, addr.ip.is_ipv4())).copied().flatten();
+        if by_name != Some(addr.ip) {
+            mismatches += 1;
+            println!(
+                "{} resolves to {by_name:?}, not {}   <-- MISMATCH",
+                fe.service, addr.ip
+            );
+            continue;
         }
         let (mode, target) = match (addr.protocol, addr.ip) {
             (Protocol::Tcp, std::net::IpAddr::V4(ip)) => ("tcp", format!("{ip}:{}", addr.port)),
@@ -259,7 +331,9 @@ fn demo() -> anyhow::Result<()> {
     drop(topo);
     println!("cleaned up namespaces, cgroup and pins");
     if mismatches > 0 {
-        bail!("{mismatches} frontends were answered by clusters the merge did not make eligible");
+        bail!(
+            "{mismatches} frontends did not resolve to their VIP or were answered by clusters the merge did not make eligible"
+        );
     }
     Ok(())
 }

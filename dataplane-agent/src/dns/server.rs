@@ -1,0 +1,231 @@
+//! The DNS server: hickory-server's [`Server`] with a [`RequestHandler`] that answers from the
+//! node's [`DnsZone`]. Each `--dns-listen` address gets a UDP socket, read by one thread per
+//! core ([`DnsServer`]), and a TCP listener.
+//!
+//! Malformed messages get FORMERR from hickory itself (the handler never sees them); the
+//! handler answers opcodes other than QUERY with NOTIMP, more or less than one question with
+//! FORMERR, EDNS versions above 0 with BADVERS, classes other than IN with REFUSED, and
+//! everything else from [`Zone::answer`](super::zone::Zone::answer). Answers that do not fit
+//! the client's UDP size are truncated with TC set (hickory's encoder); TCP carries them whole.
+
+use std::{net::SocketAddr, time::Duration};
+
+use hickory_server::{
+    Server,
+    net::runtime::Time,
+    proto::{
+        op::{Edns, Header, HeaderCounts, Metadata, OpCode, ResponseCode},
+        rr::DNSClass,
+    },
+    server::{Request, RequestHandler, ResponseHandler, ResponseInfo},
+    zone_handler::MessageResponseBuilder,
+};
+use tracing::{debug, error, info};
+
+use super::DnsZone;
+
+/// How long a TCP connection may stay idle.
+const TCP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Per-connection buffer of TCP responses.
+const TCP_RESPONSE_BUFFER: usize = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DnsServerError {
+    #[error("DNS: cannot listen on {proto} {addr}: {source}")]
+    Bind {
+        proto: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("DNS: cannot start a serving thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// Answers queries from the zone.
+#[derive(Clone, Debug)]
+pub struct ZoneRequestHandler {
+    zone: DnsZone,
+}
+
+impl ZoneRequestHandler {
+    pub fn new(zone: DnsZone) -> Self {
+        ZoneRequestHandler { zone }
+    }
+}
+
+#[async_trait::async_trait]
+impl RequestHandler for ZoneRequestHandler {
+    async fn handle_request<R: ResponseHandler, T: Time>(
+        &self,
+        request: &Request,
+        mut response_handle: R,
+    ) -> ResponseInfo {
+        let response_edns = request.edns.as_ref().map(|req| {
+            let mut edns = Edns::new();
+            edns.set_max_payload(req.max_payload().max(512));
+            edns.set_version(0);
+            edns
+        });
+        let builder = MessageResponseBuilder::new(&request.queries, response_edns.as_ref());
+        let mut metadata = Metadata::response_from_request(&request.metadata);
+        metadata.recursion_available = false;
+        let queries = request.queries.queries();
+        let refused = if request.metadata.op_code != OpCode::Query {
+            Some(ResponseCode::NotImp)
+        } else if request.edns.as_ref().is_some_and(|e| e.version() > 0) {
+            Some(ResponseCode::BADVERS)
+        } else if queries.len() != 1 {
+            Some(ResponseCode::FormErr)
+        } else if !matches!(queries[0].query_class(), DNSClass::IN | DNSClass::ANY) {
+            Some(ResponseCode::Refused)
+        } else {
+            None
+        };
+        let sent = match (refused, queries.first()) {
+            (None, Some(query)) => {
+                // The guard is dropped at once; the answer shares the records.
+                let answer = self.zone.read().answer(query.name(), query.query_type());
+                metadata.response_code = answer.code;
+                metadata.authoritative = answer.authoritative;
+                let response = builder.build(
+                    metadata,
+                    answer.answers(),
+                    answer.authorities(),
+                    [],
+                    answer.additionals(),
+                );
+                response_handle.send_response(response).await
+            }
+            (code, _) => {
+                metadata.response_code = code.unwrap_or(ResponseCode::FormErr);
+                response_handle
+                    .send_response(builder.build_no_records(metadata))
+                    .await
+            }
+        };
+        sent.unwrap_or_else(|e| {
+            debug!(error = %e, "DNS: sending a response failed");
+            let mut metadata = Metadata::response_from_request(&request.metadata);
+            metadata.response_code = ResponseCode::ServFail;
+            ResponseInfo::from(Header {
+                metadata,
+                counts: HeaderCounts::default(),
+            })
+        })
+    }
+}
+
+/// A running DNS server: one thread per core, each with its own single-threaded runtime reading
+/// the same UDP socket of each address, so a query is received, answered and sent on one thread
+/// with no hand-over between threads, by whichever thread is free (the node's map syncs run
+/// elsewhere and never delay it). The first thread also serves TCP. It stops when dropped.
+pub struct DnsServer {
+    /// Dropping it tells every thread to stop.
+    _stop: tokio::sync::watch::Sender<()>,
+    /// The bound addresses (UDP and TCP share each port).
+    pub addresses: Vec<SocketAddr>,
+}
+
+fn udp_socket(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    let socket = std::net::UdpSocket::bind(addr)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket)
+}
+
+/// The sockets of one serving thread.
+struct ThreadSockets {
+    udp: Vec<std::net::UdpSocket>,
+    tcp: Vec<std::net::TcpListener>,
+}
+
+/// Serves `sockets` on this thread until `stop` is dropped.
+fn serve_thread(
+    index: usize,
+    sockets: ThreadSockets,
+    zone: DnsZone,
+    mut stop: tokio::sync::watch::Receiver<()>,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!(thread = index, error = %e, "DNS: cannot start a serving thread");
+            return;
+        }
+    };
+    runtime.block_on(async move {
+        let mut server = Server::new(ZoneRequestHandler::new(zone));
+        for udp in sockets.udp {
+            match tokio::net::UdpSocket::from_std(udp) {
+                Ok(udp) => server.register_socket(udp),
+                Err(e) => error!(thread = index, error = %e, "DNS: a UDP socket failed"),
+            }
+        }
+        for tcp in sockets.tcp {
+            match tokio::net::TcpListener::from_std(tcp) {
+                Ok(tcp) => server.register_listener(tcp, TCP_TIMEOUT, TCP_RESPONSE_BUFFER),
+                Err(e) => error!(thread = index, error = %e, "DNS: a TCP listener failed"),
+            }
+        }
+        tokio::select! {
+            done = server.block_until_done() => {
+                if let Err(e) = done {
+                    error!(thread = index, error = %e, "DNS: serving stopped");
+                }
+            }
+            _ = stop.changed() => {
+                let _ = server.shutdown_gracefully().await;
+            }
+        }
+    });
+}
+
+/// Binds every address (UDP and TCP) and serves `zone` on them from threads of its own. A
+/// port of 0 is chosen by the kernel once and shared by UDP and TCP.
+pub fn serve(listen: &[SocketAddr], zone: DnsZone) -> Result<DnsServer, DnsServerError> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut per_thread: Vec<ThreadSockets> = (0..threads)
+        .map(|_| ThreadSockets {
+            udp: Vec::new(),
+            tcp: Vec::new(),
+        })
+        .collect();
+    let mut addresses = Vec::new();
+    for requested in listen {
+        let bind_error = |proto, addr, source| DnsServerError::Bind {
+            proto,
+            addr,
+            source,
+        };
+        let tcp = std::net::TcpListener::bind(requested)
+            .and_then(|tcp| tcp.set_nonblocking(true).map(|()| tcp))
+            .map_err(|e| bind_error("TCP", *requested, e))?;
+        let addr = tcp.local_addr().unwrap_or(*requested);
+        // One socket, read by every thread: whichever is free takes the next query.
+        let udp = udp_socket(addr).map_err(|e| bind_error("UDP", addr, e))?;
+        for sockets in &mut per_thread {
+            sockets
+                .udp
+                .push(udp.try_clone().map_err(|e| bind_error("UDP", addr, e))?);
+        }
+        if let Some(first) = per_thread.first_mut() {
+            first.tcp.push(tcp);
+        }
+        info!(%addr, threads, "serving clusterset.local DNS on UDP and TCP");
+        addresses.push(addr);
+    }
+    let (stop, stopped) = tokio::sync::watch::channel(());
+    for (index, sockets) in per_thread.into_iter().enumerate() {
+        let (zone, stopped) = (zone.clone(), stopped.clone());
+        std::thread::Builder::new()
+            .name(format!("dns-{index}"))
+            .spawn(move || serve_thread(index, sockets, zone, stopped))
+            .map_err(DnsServerError::Thread)?;
+    }
+    Ok(DnsServer {
+        _stop: stop,
+        addresses,
+    })
+}

@@ -1,0 +1,1051 @@
+//! The merge kept service by service: the members' inputs indexed by the service they belong
+//! to, and what each service merged into.
+//!
+//! Almost all of the merge is local to one service: its Services, ServiceExports and local
+//! slices in every member decide its import, its imported slices and its exports'
+//! conditions. A change to one member object ([`MemberChange`]) marks that service, and
+//! [`MergeState::update`] merges the marked services again, alone, so an event costs the size
+//! of its service, not of the ClusterSet. [`merge`](super::merge) is the same code with every
+//! service marked.
+//!
+//! Two things are shared between services, and both are decided in namespace/name order by a
+//! full merge: ClusterSet IPs (sticky: an import keeps the IPs it holds) and the names of
+//! imported slices (a name two services want goes to the first). An update keeps to that
+//! order: it allocates only from the addresses no other service holds, and it falls back to a
+//! full merge, with every current import's IPs kept, in the rare cases where the order
+//! matters: a CIDR too small for every import, or a slice name another service wants too.
+//! So an update always gives what a full merge of the same inputs gives, with the current
+//! imports as the existing ones (property-tested in `merge/tests.rs`).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    sync::Arc,
+    time::Duration,
+};
+
+use foldhash::{HashMap, HashMapExt as _, HashSet};
+
+use super::{
+    ClusterSetConfig, ClusterSnapshot, Diagnostic, ExportStatus, MergeOutput, ServiceRouting,
+    conditions, exports, families, ips, ports, properties, slices,
+};
+use crate::model::{
+    ClusterId, ClusterStatus, IpFamily, LABEL_K8S_SERVICE_NAME, NamespacedName,
+    ServiceImportStatus, ServiceImportType,
+    member::{ExportRecord, LocalSlice, ServiceRecord},
+    name::Name,
+    records::{ImportRecord, ImportedSlice},
+};
+
+/// A change to one member cluster's objects, as its watches report it.
+#[derive(Clone, Debug)]
+pub enum MemberChange {
+    /// A Service was added or modified.
+    Service(ClusterId, Arc<ServiceRecord>),
+    /// The Service with this namespace/name was deleted.
+    ServiceDeleted(ClusterId, NamespacedName),
+    /// A ServiceExport was added or modified.
+    Export(ClusterId, Arc<ExportRecord>),
+    /// The ServiceExport with this namespace/name was deleted.
+    ExportDeleted(ClusterId, NamespacedName),
+    /// A local EndpointSlice was added or modified (possibly moved to another Service).
+    Slice(ClusterId, Arc<LocalSlice>),
+    /// The local EndpointSlice with this namespace/name was deleted.
+    SliceDeleted(ClusterId, NamespacedName),
+    /// The complete list of a member's Services (a watch's first list or a re-list).
+    Services(ClusterId, Vec<Arc<ServiceRecord>>),
+    /// The complete list of a member's ServiceExports.
+    Exports(ClusterId, Vec<Arc<ExportRecord>>),
+    /// The complete list of a member's local EndpointSlices.
+    Slices(ClusterId, Vec<Arc<LocalSlice>>),
+    /// A member's endpoints are withdrawn (`true`: unreachable past the grace period) or
+    /// back (`false`). Its Services and ServiceExports keep counting.
+    Withdrawn(ClusterId, bool),
+}
+
+/// What the merge made of one service.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ServiceOutput {
+    /// The import, when at least one export is valid.
+    pub import: Option<ImportRecord>,
+    /// Which clusters serve which port and family, with the import.
+    pub routing: Option<ServiceRouting>,
+    /// The imported slices.
+    pub slices: Vec<ImportedSlice>,
+    /// The conditions of the service's exports, by cluster.
+    pub statuses: Vec<ExportStatus>,
+}
+
+/// One member's objects of one service.
+#[derive(Clone, Debug, Default)]
+struct Member {
+    service: Option<Arc<ServiceRecord>>,
+    export: Option<Arc<ExportRecord>>,
+    /// Sorted by name.
+    slices: Vec<Arc<LocalSlice>>,
+}
+
+impl Member {
+    fn is_empty(&self) -> bool {
+        self.service.is_none() && self.export.is_none() && self.slices.is_empty()
+    }
+}
+
+/// A member's objects by service.
+type Members = BTreeMap<ClusterId, Member>;
+
+/// A member's objects of one service as a merge reads them: its local slices are left out
+/// while its endpoints are withdrawn.
+type MemberInputs<'a> = (&'a ClusterId, &'a Member, &'a [Arc<LocalSlice>]);
+
+/// The order of a shared resource (an IP, a slice name) matters for this change: only a full
+/// merge gives it out as the full merge does.
+#[derive(Debug)]
+struct Contention;
+
+/// The names of imported slices in use, by namespace, and which plain names more than one
+/// service wanted.
+#[derive(Debug, Default)]
+struct SliceNames {
+    used: HashMap<Name, HashMap<String, NamespacedName>>,
+    contested: HashSet<(Name, String)>,
+}
+
+impl SliceNames {
+    /// Gives `owner` a unique name for `candidate` in `namespace`. With `batch`, the update's
+    /// services: a name held by a service outside it that sorts after `owner` is contention
+    /// (a full merge would give `owner` that name).
+    fn claim(
+        &mut self,
+        namespace: &Name,
+        candidate: String,
+        salt: &dyn Fn() -> String,
+        owner: &NamespacedName,
+        batch: Option<&BTreeSet<NamespacedName>>,
+    ) -> Result<String, Contention> {
+        let used = match self.used.get_mut(namespace) {
+            Some(u) => u,
+            None => self.used.entry(namespace.clone()).or_default(),
+        };
+        let mut name = slices::bounded(&candidate, salt);
+        let mut n = 0u32;
+        while let Some(holder) = used.get(&name) {
+            if let Some(batch) = batch
+                && owner < holder
+                && !batch.contains(holder)
+            {
+                return Err(Contention);
+            }
+            self.contested
+                .insert((namespace.clone(), candidate.clone()));
+            n += 1;
+            name = slices::renamed(&candidate, salt, n);
+        }
+        used.insert(name.clone(), owner.clone());
+        Ok(name)
+    }
+
+    /// Frees the names of `slices`. Contention when another service wanted one of them: it
+    /// may get it now.
+    fn release(&mut self, slices: &[ImportedSlice]) -> Result<(), Contention> {
+        let mut contended = false;
+        for s in slices {
+            if let Some(used) = self.used.get_mut(&s.service.namespace) {
+                used.remove(&*s.name);
+            }
+            contended |= self
+                .contested
+                .contains(&(s.service.namespace.clone(), s.name.to_string()));
+        }
+        if contended { Err(Contention) } else { Ok(()) }
+    }
+}
+
+/// The merge of a ClusterSet for one importing cluster, kept service by service.
+#[derive(Debug)]
+pub struct MergeState {
+    config: ClusterSetConfig,
+    importing: ClusterId,
+    local_families: Vec<IpFamily>,
+    /// How long members may be unreachable before their endpoints are withdrawn, for the
+    /// import's `Ready` message.
+    grace: Duration,
+    services: HashMap<NamespacedName, Members>,
+    /// Where each member's local slice is filed (`None`: it has no service label).
+    slice_homes: HashMap<(ClusterId, NamespacedName), Option<NamespacedName>>,
+    withdrawn: BTreeSet<ClusterId>,
+    outputs: HashMap<NamespacedName, ServiceOutput>,
+    ip_owners: HashMap<IpAddr, NamespacedName>,
+    /// ClusterSetIP imports a full CIDR left without IPs.
+    starved: BTreeSet<NamespacedName>,
+    names: SliceNames,
+    /// Duplicates found by the last [`MergeState::load`].
+    load_diagnostics: Vec<Diagnostic>,
+}
+
+impl MergeState {
+    /// An empty ClusterSet, merged for `importing`.
+    pub fn new(config: ClusterSetConfig, importing: ClusterId) -> Self {
+        MergeState {
+            local_families: config.supported_families(&importing),
+            config,
+            importing,
+            grace: Duration::ZERO,
+            services: HashMap::new(),
+            slice_homes: HashMap::new(),
+            withdrawn: BTreeSet::new(),
+            outputs: HashMap::new(),
+            ip_owners: HashMap::new(),
+            starved: BTreeSet::new(),
+            names: SliceNames::default(),
+            load_diagnostics: Vec::new(),
+        }
+    }
+
+    /// Sets the grace period the `Ready` message of imports with withdrawn members names.
+    pub fn set_grace(&mut self, grace: Duration) {
+        self.grace = grace;
+    }
+
+    /// Replaces every member's objects with `snapshots` and merges everything, keeping the
+    /// ClusterSet IPs of `existing` (the importing cluster's current imports) while valid.
+    /// Snapshots of one cluster are combined, and duplicate objects within a cluster are
+    /// reported (one definition is used).
+    pub fn load(&mut self, snapshots: &[ClusterSnapshot], existing: &[ImportRecord]) {
+        let mut diagnostics = Vec::new();
+        let clusters = exports::index_clusters(snapshots, &mut diagnostics);
+        self.services.clear();
+        self.slice_homes.clear();
+        for (cluster, objs) in clusters {
+            for (id, svc) in objs.services {
+                self.member(id, cluster).service = Some(svc);
+            }
+            for (id, export) in objs.exports {
+                self.member(id, cluster).export = Some(export);
+            }
+            for (service, slices) in objs.slices {
+                for s in &slices {
+                    self.slice_homes
+                        .insert((cluster.clone(), s.id.clone()), Some(service.clone()));
+                }
+                self.member(&service, cluster).slices = slices;
+            }
+            for id in objs.unlabelled {
+                self.slice_homes.insert((cluster.clone(), id), None);
+            }
+        }
+        self.load_diagnostics = diagnostics;
+        let existing: HashMap<NamespacedName, Vec<IpAddr>> = sticky_ips(existing);
+        self.merge_everything(&existing);
+    }
+
+    fn member(&mut self, service: &NamespacedName, cluster: &ClusterId) -> &mut Member {
+        self.services
+            .entry(service.clone())
+            .or_default()
+            .entry(cluster.clone())
+            .or_default()
+    }
+
+    /// Files a member's change, adding the services whose inputs changed to `dirty`.
+    pub fn apply(&mut self, change: MemberChange, dirty: &mut BTreeSet<NamespacedName>) {
+        match change {
+            MemberChange::Service(c, svc) => {
+                let id = svc.id.clone();
+                let slot = &mut self.member(&id, &c).service;
+                if slot.as_ref() != Some(&svc) {
+                    *slot = Some(svc);
+                    dirty.insert(id);
+                }
+            }
+            MemberChange::ServiceDeleted(c, id) => {
+                if self.take(&id, &c, |m| m.service.take().is_some()) {
+                    dirty.insert(id);
+                }
+            }
+            MemberChange::Export(c, export) => {
+                let id = export.id.clone();
+                let slot = &mut self.member(&id, &c).export;
+                if slot.as_ref() != Some(&export) {
+                    *slot = Some(export);
+                    dirty.insert(id);
+                }
+            }
+            MemberChange::ExportDeleted(c, id) => {
+                if self.take(&id, &c, |m| m.export.take().is_some()) {
+                    dirty.insert(id);
+                }
+            }
+            MemberChange::Slice(c, slice) => self.file_slice(c, slice, dirty),
+            MemberChange::SliceDeleted(c, id) => self.unfile_slice(&c, &id, dirty),
+            MemberChange::Services(c, list) => {
+                let listed: BTreeSet<NamespacedName> = list.iter().map(|s| s.id.clone()).collect();
+                let gone: Vec<NamespacedName> = self
+                    .held_by(&c, |m| m.service.is_some())
+                    .filter(|id| !listed.contains(id))
+                    .collect();
+                for id in gone {
+                    self.apply(MemberChange::ServiceDeleted(c.clone(), id), dirty);
+                }
+                for svc in list {
+                    self.apply(MemberChange::Service(c.clone(), svc), dirty);
+                }
+            }
+            MemberChange::Exports(c, list) => {
+                let listed: BTreeSet<NamespacedName> = list.iter().map(|e| e.id.clone()).collect();
+                let gone: Vec<NamespacedName> = self
+                    .held_by(&c, |m| m.export.is_some())
+                    .filter(|id| !listed.contains(id))
+                    .collect();
+                for id in gone {
+                    self.apply(MemberChange::ExportDeleted(c.clone(), id), dirty);
+                }
+                for export in list {
+                    self.apply(MemberChange::Export(c.clone(), export), dirty);
+                }
+            }
+            MemberChange::Slices(c, list) => {
+                let listed: BTreeSet<NamespacedName> = list.iter().map(|s| s.id.clone()).collect();
+                let gone: Vec<NamespacedName> = self
+                    .slice_homes
+                    .keys()
+                    .filter(|(cluster, id)| *cluster == c && !listed.contains(id))
+                    .map(|(_, id)| id.clone())
+                    .collect();
+                for id in gone {
+                    self.unfile_slice(&c, &id, dirty);
+                }
+                for slice in list {
+                    self.file_slice(c.clone(), slice, dirty);
+                }
+            }
+            MemberChange::Withdrawn(c, out) => {
+                let changed = if out {
+                    self.withdrawn.insert(c.clone())
+                } else {
+                    self.withdrawn.remove(&c)
+                };
+                if changed {
+                    dirty.extend(
+                        self.services
+                            .iter()
+                            .filter(|(_, members)| members.contains_key(&c))
+                            .map(|(s, _)| s.clone()),
+                    );
+                }
+            }
+        }
+    }
+
+    /// The services in which `cluster`'s member matches `holds`.
+    fn held_by<'a>(
+        &'a self,
+        cluster: &'a ClusterId,
+        holds: impl Fn(&Member) -> bool + 'a,
+    ) -> impl Iterator<Item = NamespacedName> + 'a {
+        self.services
+            .iter()
+            .filter(move |(_, members)| members.get(cluster).is_some_and(&holds))
+            .map(|(s, _)| s.clone())
+    }
+
+    /// Applies `edit` to a member of a service, dropping what is left empty; whether it
+    /// changed anything.
+    fn take(
+        &mut self,
+        service: &NamespacedName,
+        cluster: &ClusterId,
+        edit: impl FnOnce(&mut Member) -> bool,
+    ) -> bool {
+        let Some(members) = self.services.get_mut(service) else {
+            return false;
+        };
+        let Some(member) = members.get_mut(cluster) else {
+            return false;
+        };
+        let changed = edit(member);
+        if member.is_empty() {
+            members.remove(cluster);
+        }
+        if members.is_empty() {
+            self.services.remove(service);
+        }
+        changed
+    }
+
+    fn file_slice(
+        &mut self,
+        cluster: ClusterId,
+        slice: Arc<LocalSlice>,
+        dirty: &mut BTreeSet<NamespacedName>,
+    ) {
+        let home = slice
+            .service
+            .as_ref()
+            .map(|s| NamespacedName::new(slice.id.namespace.clone(), Name::clone(s)));
+        let key = (cluster.clone(), slice.id.clone());
+        let unchanged = self.slice_homes.get(&key) == Some(&home)
+            && home.as_ref().is_some_and(|h| {
+                self.services
+                    .get(h)
+                    .and_then(|m| m.get(&cluster))
+                    .is_some_and(|m| m.slices.contains(&slice))
+            });
+        if unchanged {
+            return;
+        }
+        self.unfile_slice(&cluster, &slice.id, dirty);
+        self.slice_homes.insert(key, home.clone());
+        if let Some(service) = home {
+            let slices = &mut self.member(&service, &cluster).slices;
+            let at = slices.partition_point(|s| s.id.name <= slice.id.name);
+            slices.insert(at, slice);
+            dirty.insert(service);
+        }
+    }
+
+    fn unfile_slice(
+        &mut self,
+        cluster: &ClusterId,
+        id: &NamespacedName,
+        dirty: &mut BTreeSet<NamespacedName>,
+    ) {
+        let Some(home) = self.slice_homes.remove(&(cluster.clone(), id.clone())) else {
+            return;
+        };
+        if let Some(service) = home {
+            self.take(&service, cluster, |m| {
+                m.slices.retain(|s| s.id != *id);
+                true
+            });
+            dirty.insert(service);
+        }
+    }
+
+    /// Merges the services in `dirty` again and returns those whose output changed.
+    pub fn update(&mut self, dirty: &BTreeSet<NamespacedName>) -> BTreeSet<NamespacedName> {
+        if dirty.is_empty() {
+            return BTreeSet::new();
+        }
+        let before: HashMap<NamespacedName, Option<ServiceOutput>> = dirty
+            .iter()
+            .map(|s| (s.clone(), self.outputs.get(s).cloned()))
+            .collect();
+        if self.update_batch(dirty).is_err() {
+            // Every current import keeps its IPs; the order decides the rest.
+            let existing: HashMap<NamespacedName, Vec<IpAddr>> = self
+                .outputs
+                .values()
+                .chain(before.values().flatten())
+                .filter_map(|o| o.import.as_ref())
+                .map(|i| (i.service.clone(), i.ips.clone()))
+                .collect();
+            let previous: HashMap<NamespacedName, ServiceOutput> =
+                std::mem::take(&mut self.outputs)
+                    .into_iter()
+                    .chain(
+                        before
+                            .iter()
+                            .filter_map(|(s, o)| Some((s.clone(), o.clone()?))),
+                    )
+                    .collect();
+            self.merge_everything(&existing);
+            let mut changed: BTreeSet<NamespacedName> = previous
+                .iter()
+                .filter(|(s, o)| self.outputs.get(*s) != Some(*o))
+                .map(|(s, _)| s.clone())
+                .collect();
+            changed.extend(
+                self.outputs
+                    .keys()
+                    .filter(|s| !previous.contains_key(*s))
+                    .cloned(),
+            );
+            return changed;
+        }
+        before
+            .into_iter()
+            .filter(|(s, old)| self.outputs.get(s) != old.as_ref())
+            .map(|(s, _)| s)
+            .collect()
+    }
+
+    /// Merges `batch` alone; `Err` when a full merge is needed instead (nothing is changed
+    /// then).
+    fn update_batch(&mut self, batch: &BTreeSet<NamespacedName>) -> Result<(), Contention> {
+        let mut existing = HashMap::with_capacity(batch.len());
+        let mut releases_ips = false;
+        for s in batch {
+            if let Some(import) = self.outputs.get(s).and_then(|o| o.import.as_ref()) {
+                releases_ips |= !import.ips.is_empty();
+                existing.insert(s.clone(), import.ips.clone());
+            }
+            // A starved import may get the addresses the batch gives up, in name order.
+            if releases_ips && self.starved.iter().any(|w| !batch.contains(w)) {
+                return Err(Contention);
+            }
+        }
+        // Release what the batch holds (names first: they may be wanted by another service).
+        let mut names = std::mem::take(&mut self.names);
+        let mut released = Ok(());
+        for s in batch {
+            if let Some(out) = self.outputs.get(s) {
+                released = released.and(names.release(&out.slices));
+            }
+        }
+        self.names = names;
+        released?;
+        let ip_owners = self.ip_owners.clone();
+        for s in batch {
+            if let Some(import) = self.outputs.get(s).and_then(|o| o.import.as_ref()) {
+                for ip in &import.ips {
+                    self.ip_owners.remove(ip);
+                }
+            }
+        }
+        let names_before = (self.names.used.clone(), self.names.contested.clone());
+        match self.merge_batch(batch, &existing, true) {
+            Ok(outputs) => {
+                for (s, out) in outputs {
+                    self.starved.remove(&s);
+                    match out {
+                        Some(out) => {
+                            self.outputs.insert(s, out);
+                        }
+                        None => {
+                            self.outputs.remove(&s);
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Err(c) => {
+                self.ip_owners = ip_owners;
+                (self.names.used, self.names.contested) = names_before;
+                Err(c)
+            }
+        }
+    }
+
+    /// Forgets every output and merges every service, in namespace/name order.
+    fn merge_everything(&mut self, existing: &HashMap<NamespacedName, Vec<IpAddr>>) {
+        self.outputs.clear();
+        self.ip_owners.clear();
+        self.starved.clear();
+        self.names = SliceNames::default();
+        let all: BTreeSet<NamespacedName> = self.services.keys().cloned().collect();
+        // A full merge never meets contention: it gives everything out in order.
+        if let Ok(outputs) = self.merge_batch(&all, existing, false) {
+            self.outputs = outputs
+                .into_iter()
+                .filter_map(|(s, o)| Some((s, o?)))
+                .collect();
+        }
+    }
+
+    /// Merges the services of `batch` in order. `strict` (an update): contention is an error
+    /// instead of being resolved in order.
+    fn merge_batch(
+        &mut self,
+        batch: &BTreeSet<NamespacedName>,
+        existing: &HashMap<NamespacedName, Vec<IpAddr>>,
+        strict: bool,
+    ) -> Result<Vec<(NamespacedName, Option<ServiceOutput>)>, Contention> {
+        let MergeState {
+            config,
+            importing: _,
+            local_families,
+            grace,
+            services,
+            withdrawn,
+            ip_owners,
+            starved,
+            names,
+            ..
+        } = self;
+        let empty = Members::new();
+        // Each member's local slices, withdrawn members' left out; borrowed by the drafts.
+        let inputs: Vec<(&NamespacedName, Vec<MemberInputs<'_>>)> = batch
+            .iter()
+            .map(|s| {
+                let members = services.get(s).unwrap_or(&empty);
+                let list = members
+                    .iter()
+                    .map(|(c, m)| {
+                        let slices: &[Arc<LocalSlice>] = if withdrawn.contains(c) {
+                            &[]
+                        } else {
+                            &m.slices
+                        };
+                        (c, m, slices)
+                    })
+                    .collect();
+                (s, list)
+            })
+            .collect();
+        let mut statuses: Vec<Vec<ExportStatus>> = Vec::with_capacity(inputs.len());
+        let mut valid: Vec<Vec<exports::Export<'_>>> = Vec::with_capacity(inputs.len());
+        for (service, members) in &inputs {
+            let mut out = Vec::new();
+            let mut ok = Vec::new();
+            for (cluster, member, slices) in members {
+                let Some(export) = member.export.as_deref() else {
+                    continue;
+                };
+                match exports::validate(cluster, member.service.as_deref(), export, slices) {
+                    Ok(e) => ok.push(e),
+                    Err((reason, message)) => out.push(ExportStatus {
+                        cluster: (*cluster).clone(),
+                        service: (*service).clone(),
+                        conditions: conditions::invalid_export(&reason, &message),
+                    }),
+                }
+            }
+            ok.sort_by(|a, b| a.precedence().cmp(&b.precedence()));
+            statuses.push(out);
+            valid.push(ok);
+        }
+        let mut drafts: Vec<Option<Draft<'_>>> = Vec::with_capacity(inputs.len());
+        for (((service, _), exports), statuses) in inputs.iter().zip(&valid).zip(&mut statuses) {
+            if exports.is_empty() {
+                drafts.push(None);
+                continue;
+            }
+            let fams = families::merge(exports, config.ip_family_policy, local_families);
+            let contributing: Vec<&exports::Export<'_>> = exports
+                .iter()
+                .filter(|e| !fams.excluded.contains(e.cluster))
+                .collect();
+            let ports = ports::merge(&contributing);
+            let props = properties::merge(exports);
+            let conflict = conditions::conflict(exports, &fams, &ports, &props);
+            for e in exports {
+                statuses.push(ExportStatus {
+                    cluster: e.cluster.clone(),
+                    service: (*service).clone(),
+                    conditions: conditions::valid_export(conflict.clone()),
+                });
+            }
+            statuses.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+            drafts.push(Some(Draft {
+                service,
+                contributing,
+                families: fams,
+                ports,
+                props,
+            }));
+        }
+
+        let requests: Vec<ips::Request<'_>> = drafts
+            .iter()
+            .flatten()
+            .filter(|d| d.needs_ips())
+            .map(|d| ips::Request {
+                service: d.service,
+                families: &d.families.import,
+            })
+            .collect();
+        let allocation = ips::allocate(&requests, existing, &config.cidrs, ip_owners);
+        if strict && !allocation.starved.is_empty() {
+            return Err(Contention);
+        }
+        starved.extend(allocation.starved.iter().cloned());
+
+        let mut out = Vec::with_capacity(drafts.len());
+        for ((service, statuses), draft) in batch.iter().zip(statuses).zip(drafts) {
+            let Some(d) = draft else {
+                let output = (!statuses.is_empty()).then(|| ServiceOutput {
+                    statuses,
+                    ..Default::default()
+                });
+                out.push((service.clone(), output));
+                continue;
+            };
+            let mut ready = if d.families.supported {
+                conditions::import_ready()
+            } else {
+                conditions::import_family_not_supported(&d.families.import, local_families)
+            };
+            let mut ips_out = Vec::new();
+            if d.needs_ips() {
+                match allocation.ips.get(service) {
+                    Some(ips) => ips_out = ips.clone(),
+                    None => ready = conditions::import_no_ip(&d.families.import),
+                }
+            }
+            for ip in &ips_out {
+                ip_owners.insert(*ip, service.clone());
+            }
+            let routing = d.routing();
+            let mut slices = Vec::new();
+            if d.families.supported {
+                let batch = strict.then_some(batch);
+                slices::build(
+                    &d.contributing,
+                    &routing,
+                    &mut slices,
+                    &mut |ns, c, salt| names.claim(ns, c, salt, service, batch),
+                )?;
+            }
+            let mut import = d.import(ips_out, ready);
+            withdrawn_note(&mut import, withdrawn, *grace);
+            out.push((
+                service.clone(),
+                Some(ServiceOutput {
+                    import: Some(import),
+                    routing: Some(routing),
+                    slices,
+                    statuses,
+                }),
+            ));
+        }
+        Ok(out)
+    }
+
+    /// What the merge made of `service`, when it made anything.
+    pub fn service(&self, service: &NamespacedName) -> Option<&ServiceOutput> {
+        self.outputs.get(service)
+    }
+
+    /// Every import of the importing cluster, in no particular order.
+    pub fn imports(&self) -> impl Iterator<Item = &ImportRecord> {
+        self.outputs.values().filter_map(|o| o.import.as_ref())
+    }
+
+    /// The whole merge, every list sorted as [`MergeOutput`] documents.
+    pub fn output(&self) -> MergeOutput {
+        let mut services: Vec<(&NamespacedName, &ServiceOutput)> = self.outputs.iter().collect();
+        services.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let mut out = MergeOutput {
+            importing_cluster: Some(self.importing.clone()),
+            ..Default::default()
+        };
+        for (_, o) in &services {
+            out.service_imports.extend(o.import.iter().cloned());
+            out.routing.extend(o.routing.iter().cloned());
+            out.endpoint_slices.extend(o.slices.iter().cloned());
+            out.export_statuses.extend(o.statuses.iter().cloned());
+        }
+        out.export_statuses
+            .sort_by(|a, b| (&a.cluster, &a.service).cmp(&(&b.cluster, &b.service)));
+        out.endpoint_slices.sort_unstable_by(|a, b| {
+            (&a.service.namespace, &a.name).cmp(&(&b.service.namespace, &b.name))
+        });
+        out.diagnostics = self.diagnostics();
+        out
+    }
+
+    /// What is wrong in the inputs: duplicates the last load found, local slices without a
+    /// service label, and the problems of the filed slices; sorted.
+    pub fn diagnostics(&self) -> Vec<Diagnostic> {
+        let mut out = self.load_diagnostics.clone();
+        for ((cluster, id), home) in &self.slice_homes {
+            if home.is_none() {
+                out.push(Diagnostic {
+                    cluster: Some(cluster.clone()),
+                    object: format!("EndpointSlice {id}"),
+                    message: format!("no {LABEL_K8S_SERVICE_NAME} label; ignored"),
+                });
+            }
+        }
+        for members in self.services.values() {
+            for (cluster, m) in members {
+                for s in &m.slices {
+                    out.extend(s.problems.iter().map(|message| Diagnostic {
+                        cluster: Some(cluster.clone()),
+                        object: format!("EndpointSlice {}", s.id),
+                        message: message.clone(),
+                    }));
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+/// The IPs each of `imports` holds, one import per service (the smallest, when several).
+fn sticky_ips(imports: &[ImportRecord]) -> HashMap<NamespacedName, Vec<IpAddr>> {
+    let mut sorted: Vec<&ImportRecord> = imports.iter().collect();
+    sorted.sort_by(|a, b| (&a.service, &a.ips).cmp(&(&b.service, &b.ips)));
+    let mut out = HashMap::with_capacity(sorted.len());
+    for i in sorted {
+        out.entry(i.service.clone())
+            .or_insert_with(|| i.ips.clone());
+    }
+    out
+}
+
+/// Says in an import's `Ready` message which of its clusters have their endpoints withdrawn.
+fn withdrawn_note(import: &mut ImportRecord, withdrawn: &BTreeSet<ClusterId>, grace: Duration) {
+    if withdrawn.is_empty() {
+        return;
+    }
+    let Some(status) = import.status.as_mut() else {
+        return;
+    };
+    let gone: Vec<String> = status
+        .clusters
+        .iter()
+        .filter(|c| withdrawn.iter().any(|w| w.as_str() == c.cluster))
+        .map(|c| format!("\"{}\"", c.cluster))
+        .collect();
+    if gone.is_empty() {
+        return;
+    }
+    for c in status.conditions.iter_mut().filter(|c| c.type_ == "Ready") {
+        c.message = format!(
+            "{} Endpoints of cluster {} are withdrawn: its API server has been unreachable \
+             for longer than the grace period ({}s).",
+            c.message,
+            gone.join(", "),
+            grace.as_secs_f64()
+        );
+    }
+}
+
+/// One service between the merge steps and the output.
+struct Draft<'a> {
+    service: &'a NamespacedName,
+    contributing: Vec<&'a exports::Export<'a>>,
+    families: families::Families,
+    ports: ports::MergedPorts,
+    props: properties::Properties,
+}
+
+impl Draft<'_> {
+    fn needs_ips(&self) -> bool {
+        self.props.winner.type_ == ServiceImportType::ClusterSetIP && self.families.supported
+    }
+
+    fn routing(&self) -> ServiceRouting {
+        ServiceRouting {
+            service: self.service.clone(),
+            ports: self.ports.merged.clone(),
+            families: self
+                .families
+                .import
+                .iter()
+                .map(|f| {
+                    let clusters = self
+                        .contributing
+                        .iter()
+                        .filter(|e| e.families.contains(f))
+                        .map(|e| e.cluster.clone())
+                        .collect();
+                    (*f, clusters)
+                })
+                .collect(),
+        }
+    }
+
+    fn import(&self, ips: Vec<IpAddr>, ready: conditions::MergeCondition) -> ImportRecord {
+        let w = &self.props.winner;
+        let mut clusters: Vec<ClusterStatus> = self
+            .contributing
+            .iter()
+            .map(|e| ClusterStatus {
+                cluster: e.cluster.to_string(),
+            })
+            .collect();
+        clusters.sort();
+        clusters.dedup();
+        ImportRecord {
+            service: self.service.clone(),
+            type_: w.type_,
+            ips,
+            ip_families: self.families.import.clone(),
+            ports: self.ports.merged.iter().map(|p| p.port.clone()).collect(),
+            session_affinity: Some(Name::from(w.session_affinity.as_str())),
+            session_affinity_config: w.session_affinity_config.clone(),
+            internal_traffic_policy: Some(Name::from(w.internal_traffic_policy.as_str())),
+            traffic_distribution: w.traffic_distribution.as_deref().map(Name::from),
+            labels: w.labels.clone(),
+            annotations: w.annotations.clone(),
+            status: Some(ServiceImportStatus {
+                clusters,
+                conditions: vec![ready.to_k8s(conditions::epoch())],
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Interner;
+
+    #[test]
+    fn slice_names_are_unique_per_namespace_and_bounded() {
+        let mut n = SliceNames::default();
+        let (ns, other) = (Name::from("ns"), Name::from("other"));
+        let (web, web_a) = (
+            NamespacedName::new("ns", "web"),
+            NamespacedName::new("ns", "web-a"),
+        );
+        let mut claim = |ns: &Name, c: &str, salt: &str, owner: &NamespacedName| {
+            let salt = salt.to_owned();
+            n.claim(ns, c.into(), &move || salt.clone(), owner, None)
+                .expect("a full merge never meets contention")
+        };
+        let a = claim(&ns, "web-a-b-ipv4", "ns/web/a-b", &web);
+        let b = claim(&ns, "web-a-b-ipv4", "ns/web-a/b", &web_a);
+        assert_eq!(a, "web-a-b-ipv4");
+        assert_ne!(a, b);
+        assert!(b.starts_with("web-a-b-ipv4-"));
+        // another namespace may reuse the name
+        assert_eq!(claim(&other, "web-a-b-ipv4", "x", &web), "web-a-b-ipv4");
+        let long = claim(&ns, &"x".repeat(400), "salt", &web);
+        assert!(long.len() <= slices::MAX_NAME);
+        let again = claim(&ns, &"x".repeat(400), "salt", &web_a);
+        assert!(again.len() <= slices::MAX_NAME && again != long);
+    }
+
+    #[test]
+    fn an_update_meets_contention_where_the_order_decides() {
+        let mut n = SliceNames::default();
+        let ns = Name::from("ns");
+        let (a, b) = (
+            NamespacedName::new("ns", "a"),
+            NamespacedName::new("ns", "b"),
+        );
+        let salt = || "s".to_owned();
+        // b holds the name; a, earlier in order and updated alone, would get it in a full merge.
+        n.claim(&ns, "n".into(), &salt, &b, None).expect("free");
+        let batch = BTreeSet::from([a.clone()]);
+        assert!(n.claim(&ns, "n".into(), &salt, &a, Some(&batch)).is_err());
+        // b, later in order, gets a hashed name while a holds it, and a's release is contended.
+        let mut n = SliceNames::default();
+        n.claim(&ns, "n".into(), &salt, &a, None).expect("free");
+        let batch = BTreeSet::from([b.clone()]);
+        let hashed = n
+            .claim(&ns, "n".into(), &salt, &b, Some(&batch))
+            .expect("in order");
+        assert_ne!(hashed, "n");
+    }
+
+    /// A member exporting `service` with one ready IPv4 endpoint on port http.
+    fn exporting(cluster: &str, service: &str, names: &Interner) -> Vec<MemberChange> {
+        fn yaml<T: serde::de::DeserializeOwned>(s: &str) -> T {
+            serde_yaml::from_str(s).expect("yaml")
+        }
+        let c = ClusterId::new(cluster).expect("id");
+        let svc: crate::model::Service = yaml(&format!(
+            "metadata: {{name: {service}, namespace: ns}}\nspec: {{ipFamilies: [IPv4], ports: [{{name: http, port: 80}}]}}"
+        ));
+        let export: crate::model::ServiceExport =
+            yaml(&format!("metadata: {{name: {service}, namespace: ns}}"));
+        let slice: crate::model::EndpointSlice = yaml(&format!(
+            "metadata: {{name: {service}-{cluster}, namespace: ns, labels: {{kubernetes.io/service-name: {service}}}}}\n\
+             addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.0.0.1]}}]"
+        ));
+        vec![
+            MemberChange::Service(c.clone(), Arc::new(ServiceRecord::from_k8s(&svc, names))),
+            MemberChange::Export(c.clone(), Arc::new(ExportRecord::from_k8s(&export, names))),
+            MemberChange::Slice(c, Arc::new(LocalSlice::from_k8s(&slice, names))),
+        ]
+    }
+
+    fn apply_all(state: &mut MergeState, changes: Vec<MemberChange>) {
+        let mut dirty = BTreeSet::new();
+        for change in changes {
+            state.apply(change, &mut dirty);
+        }
+        state.update(&dirty);
+    }
+
+    /// What a full merge of the same inputs gives, the current imports kept.
+    fn full_of(state: &MergeState, changes: Vec<MemberChange>) -> MergeOutput {
+        let mut full = MergeState::new(state.config.clone(), state.importing.clone());
+        let mut dirty = BTreeSet::new();
+        for change in changes {
+            full.apply(change, &mut dirty);
+        }
+        let current: Vec<ImportRecord> = state.imports().cloned().collect();
+        full.merge_everything(&sticky_ips(&current));
+        full.output()
+    }
+
+    fn slice_names(out: &MergeOutput) -> Vec<(String, String)> {
+        out.endpoint_slices
+            .iter()
+            .map(|s| (s.service.name.to_string(), s.name.to_string()))
+            .collect()
+    }
+
+    /// `web` of cluster `a-b` and `web-a` of cluster `b` both want the slice name
+    /// `web-a-b-ipv4`; `web` comes first in order and gets it, whichever arrived first, and
+    /// `web-a` gets it back when `web` goes away.
+    #[test]
+    fn a_contended_slice_name_goes_by_order_whatever_the_events() {
+        let names = Interner::new();
+        let a = ClusterId::new("a").expect("id");
+        let mut state = MergeState::new(ClusterSetConfig::default(), a);
+        apply_all(&mut state, exporting("b", "web-a", &names));
+        assert_eq!(
+            slice_names(&state.output()),
+            [("web-a".to_owned(), "web-a-b-ipv4".to_owned())]
+        );
+        apply_all(&mut state, exporting("a-b", "web", &names));
+        let both: Vec<MemberChange> = exporting("b", "web-a", &names)
+            .into_iter()
+            .chain(exporting("a-b", "web", &names))
+            .collect();
+        let out = state.output();
+        assert_eq!(out, full_of(&state, both));
+        let got = slice_names(&out);
+        assert_eq!(
+            got[0],
+            ("web".to_owned(), "web-a-b-ipv4".to_owned()),
+            "{got:?}"
+        );
+        assert_ne!(got[1].1, "web-a-b-ipv4", "{got:?}");
+
+        let mut dirty = BTreeSet::new();
+        let gone = NamespacedName::new("ns", "web");
+        state.apply(
+            MemberChange::ExportDeleted(ClusterId::new("a-b").expect("id"), gone),
+            &mut dirty,
+        );
+        state.update(&dirty);
+        assert_eq!(
+            slice_names(&state.output()),
+            [("web-a".to_owned(), "web-a-b-ipv4".to_owned())]
+        );
+    }
+
+    /// A CIDR with room for one import: the first service in order has the IP; when it goes,
+    /// the service waiting for one gets it.
+    #[test]
+    fn a_full_cidr_serves_in_order_and_a_freed_ip_goes_to_the_waiting_service() {
+        let names = Interner::new();
+        let a = ClusterId::new("a").expect("id");
+        let mut config = ClusterSetConfig::default();
+        config.cidrs.ipv4 = "10.9.0.0/30".parse().expect("cidr");
+        let mut state = MergeState::new(config, a);
+        for service in ["c", "b", "a"] {
+            apply_all(&mut state, exporting("a", service, &names));
+        }
+        let with_ips = |out: &MergeOutput| -> Vec<String> {
+            out.service_imports
+                .iter()
+                .filter(|i| !i.ips.is_empty())
+                .map(|i| i.service.name.to_string())
+                .collect()
+        };
+        // Two usable addresses, three services: a and b have them.
+        assert_eq!(with_ips(&state.output()), ["a", "b"]);
+        let mut dirty = BTreeSet::new();
+        state.apply(
+            MemberChange::ExportDeleted(
+                ClusterId::new("a").expect("id"),
+                NamespacedName::new("ns", "a"),
+            ),
+            &mut dirty,
+        );
+        state.update(&dirty);
+        assert_eq!(with_ips(&state.output()), ["b", "c"]);
+    }
+}
