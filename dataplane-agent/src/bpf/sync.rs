@@ -261,6 +261,11 @@ pub struct MirrorSize {
 }
 
 impl MapSync {
+    /// The bytes of one frontend entry in the mirror's table, key and record (their heap parts,
+    /// the port name and the cluster ids, come on top): the unit of the mirror's memory, which
+    /// keeps nothing per slot.
+    pub const ENTRY_BYTES: usize = std::mem::size_of::<(FeAddr, Installed)>();
+
     /// A mirror of empty maps.
     pub fn new(caps: Capacities) -> Self {
         MapSync {
