@@ -85,7 +85,6 @@ fn service_slice(s: usize, c: usize, moved: bool) -> EndpointSlice {
 /// Room for a million backends and slots (the kernel defaults are smaller).
 const CAPS: Capacities = Capacities {
     frontends: 65_536,
-    backends: 2_000_000,
     slots: 2_000_000,
     clusters: 1024,
 };
@@ -119,7 +118,7 @@ fn bench(c: &mut Criterion) {
         let mut maps = MemMaps::new(CAPS);
         let mut store_slices = slices.clone();
         let mut last = (owned_sorted(&imports), owned_sorted(&store_slices));
-        let first = sync.sync(&lb::build(&last.0, &last.1), &mut maps);
+        let first = sync.sync_table(&lb::build(&last.0, &last.1), &mut maps);
         assert!(first.failed.is_empty(), "{:?}", first.failed);
         let mut flip = 0;
         group.bench_function("before_one_slice_change_10k_services", |b| {
@@ -129,7 +128,7 @@ fn bench(c: &mut Criterion) {
                 let snapshot = (owned_sorted(&imports), owned_sorted(&store_slices));
                 assert!(snapshot != last);
                 let table = lb::build(&snapshot.0, &snapshot.1);
-                let report = sync.sync(&table, &mut maps);
+                let report = sync.sync_table(&table, &mut maps);
                 assert_eq!(report.changed.len(), 1);
                 // The old snapshot is dropped when the new one replaces it.
                 last = snapshot;
@@ -162,7 +161,7 @@ fn bench(c: &mut Criterion) {
             lb.table(),
             &lb::build(&owned_sorted(&imports), &owned_sorted(&slices))
         );
-        let first = sync.sync(lb.table(), &mut maps);
+        let first = sync.sync_table(lb.table(), &mut maps);
         assert!(first.failed.is_empty(), "{:?}", first.failed);
         let mut flip = 0;
         group.bench_function("after_one_slice_change_10k_services", |b| {
@@ -171,7 +170,7 @@ fn bench(c: &mut Criterion) {
                 let mut dirty = BTreeSet::new();
                 index.apply(Change::Slice(versions[flip].clone()), &mut dirty);
                 let rebuilt = lb.update(&dirty, |s| index.inputs(s));
-                let report = sync.sync_services(lb.table(), &rebuilt, &mut maps);
+                let report = sync.sync_table_services(lb.table(), &rebuilt, &mut maps);
                 assert_eq!(report.changed.len(), 1);
                 report
             })

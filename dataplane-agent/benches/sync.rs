@@ -64,11 +64,10 @@ fn table(clusters: &[ClusterId], changed: bool) -> LbTable {
 fn bench(c: &mut Criterion) {
     let clusters: Vec<ClusterId> = (0..SHAPE.clusters).map(synthetic::cluster_id).collect();
     let tables = [table(&clusters, false), table(&clusters, true)];
-    let changed = service(0);
+    let changed = std::collections::BTreeSet::from([service(0)]);
     // Room for a million backends and slots (the kernel defaults are smaller).
     let caps = Capacities {
         frontends: 65_536,
-        backends: 2_000_000,
         slots: 2_000_000,
         clusters: 1024,
     };
@@ -76,13 +75,13 @@ fn bench(c: &mut Criterion) {
 
     let mut sync = MapSync::new(caps);
     let mut maps = MemMaps::new(caps);
-    let first = sync.sync(&tables[0], &mut maps);
+    let first = sync.sync_table(&tables[0], &mut maps);
     assert!(first.failed.is_empty(), "{:?}", first.failed);
     let mut flip = 0;
     group.bench_function("sync_one_change_10k_services", |b| {
         b.iter(|| {
             flip = 1 - flip;
-            let report = sync.sync(&tables[flip], &mut maps);
+            let report = sync.sync_table(&tables[flip], &mut maps);
             assert_eq!(report.changed.len(), 1);
             report
         })
@@ -90,7 +89,7 @@ fn bench(c: &mut Criterion) {
     group.bench_function("sync_services_one_change_10k_services", |b| {
         b.iter(|| {
             flip = 1 - flip;
-            let report = sync.sync_services(&tables[flip], [&changed], &mut maps);
+            let report = sync.sync_table_services(&tables[flip], &changed, &mut maps);
             assert_eq!(report.changed.len(), 1);
             report
         })

@@ -56,12 +56,14 @@ pub struct DataplaneArgs {
     /// Capacity of each frontend map (a frontend is a VIP, port and protocol, or a VIP's wildcard).
     #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_FRONTENDS)]
     pub max_frontends: u32,
-    /// Capacity of the backend map.
-    #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_BACKENDS)]
-    pub max_backends: u32,
-    /// Capacity of the slot map (frontend-to-backend pairs, doubled while a frontend changes).
+    /// Capacity of the slot array: every frontend's backends, plus room for the new backend set
+    /// of the frontends being changed.
     #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_SLOTS)]
     pub max_slots: u32,
+    /// Capacity of the cluster-name map (member clusters named at once; at most 65535).
+    #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_CLUSTERS,
+          value_parser = clap::value_parser!(u32).range(1..=65535))]
+    pub max_clusters: u32,
     /// Capacity of the session-affinity LRU.
     #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_AFFINITY)]
     pub max_affinity: u32,
@@ -85,8 +87,8 @@ impl DataplaneArgs {
             pin_dir: self.pin.pin_dir.clone(),
             cgroup,
             max_frontends: self.max_frontends,
-            max_backends: self.max_backends,
             max_slots: self.max_slots,
+            max_clusters: self.max_clusters,
             max_affinity: self.max_affinity,
             max_revnat: self.max_revnat,
             bpf_log_level: self.bpf_log_level,

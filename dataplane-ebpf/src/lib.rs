@@ -2,18 +2,42 @@
 //!
 //! Every key and value is `#[repr(C)]` with explicit padding, so the layout is the same in the
 //! kernel and in userspace. The maps are BTF-defined, so `bpftool map dump` prints every field
-//! by name. Addresses and ports are kept
-//! in network byte order, exactly as `struct bpf_sock_addr` holds them, so the datapath never
-//! converts. Change any layout here and bump [`PIN_VERSION`].
+//! by name. Addresses and ports are kept in network byte order, exactly as `struct
+//! bpf_sock_addr` holds them, so the datapath never converts. Change any layout here and bump
+//! [`PIN_VERSION`].
+//!
+//! # The maps
+//!
+//! | map | type | key → value | written by |
+//! |---|---|---|---|
+//! | `MCS_FE4`, `MCS_FE6` | hash | [`FrontendKey4`] / [`FrontendKey6`] → [`Frontend`] | agent |
+//! | `MCS_SLOTS` | array | slot index → [`Slot`] (the backend itself) | agent |
+//! | `MCS_COUNTERS` | per-CPU array | frontend id → [`Counters`] | programs |
+//! | `MCS_AFFINITY` | LRU hash | [`AffinityKey`] → [`AffinityValue`] | programs |
+//! | `MCS_AFF_MATCH` | hash | [`AffinityMatchKey`] → 1 | agent |
+//! | `MCS_SK_REVNAT` | socket storage | socket → [`SockRevNat`] | programs (connect) |
+//! | `MCS_REVNAT4/6` | LRU hash | [`RevNatKey4`] / [`RevNatKey6`] → VIP | programs (sendmsg) |
+//! | `MCS_FE_NAMES` | hash | frontend id → [`FrontendName`] | agent (for `inspect`) |
+//! | `MCS_CLUSTERS` | hash | cluster id → [`ClusterName`] | agent (for `inspect`) |
+//!
+//! A connect looks its destination up in the frontend map (on a miss, the VIP's wildcard
+//! entry), picks an index in `0..count` (a random draw for TCP, the socket cookie's hash for
+//! UDP) and reads one slot: `MCS_SLOTS[base + index]`, which holds the backend's address and
+//! port. Two lookups, one of them an array read.
 //!
 //! # Datapath invariants (kept by the agent's map sync, relied on by the programs)
 //!
-//! 1. A frontend's slots live under its *active bank*: `SlotKey { frontend_id, bank, index }` for
-//!    `index < count`. The agent writes a whole new backend set into the other bank, then flips
-//!    `bank` and `count` in one frontend update, then deletes the old bank. A reader therefore
-//!    sees either the old set or the new set, never a mix and never a missing slot.
-//! 2. Every slot of an active bank names a backend id that is present in `BACKENDS`. Backends are
-//!    written before the slots that point at them, and deleted only after no slot does.
+//! 1. A frontend's backends are the slots `base..base + count` of `MCS_SLOTS`, and each of them
+//!    carries the frontend's id in [`Slot::frontend_id`]. To change the set, the agent writes
+//!    the new set into a free range, then replaces the frontend entry (`base` and `count`
+//!    together, one hash update), and only then frees the old range. A reader therefore sees
+//!    the old set or the new set, never a mix and never a missing slot.
+//! 2. A freed range is reused only after an RCU grace period (`membarrier(MEMBARRIER_CMD_GLOBAL)`,
+//!    which waits for every running program), so no program that read the old frontend entry
+//!    can still be reading that range when another frontend's backends are written into it.
+//!    The programs also check [`Slot::frontend_id`]: a slot that does not carry the frontend's
+//!    id is never followed; the frontend is looked up again, once, and the call is refused if
+//!    it still does not match.
 //! 3. A frontend with `count == 0`, and a wildcard frontend (`port == 0 && proto == 0`, flag
 //!    [`FRONTEND_F_WILDCARD`]), reject the connection with `ECONNREFUSED`.
 //! 4. `AFFINITY_MATCH` holds `(frontend, backend)` while the backend is in the frontend's set, so
@@ -21,13 +45,18 @@
 #![no_std]
 
 /// Version of the map layout. Pins live under `<pin root>/v{PIN_VERSION}`.
-pub const PIN_VERSION: u32 = 1;
+///
+/// - 1: slots keyed by (frontend, bank, index) pointing at a backend id in `MCS_BACKENDS`.
+/// - 2: slots in one array holding the backend itself, per-frontend ranges; per-CPU array
+///   counters; full (untruncated) names; socket-local reverse entries for connected sockets.
+pub const PIN_VERSION: u32 = 2;
 
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
 pub const AF_INET: u8 = 2;
 pub const AF_INET6: u8 = 10;
 pub const ECONNREFUSED: i32 = 111;
+pub const ENOMEM: i32 = 12;
 
 /// The frontend rejects every connection (a known VIP on a port it does not serve).
 pub const FRONTEND_F_WILDCARD: u8 = 1;
@@ -39,7 +68,6 @@ pub mod map_names {
     pub const FRONTENDS4: &str = "MCS_FE4";
     pub const FRONTENDS6: &str = "MCS_FE6";
     pub const SLOTS: &str = "MCS_SLOTS";
-    pub const BACKENDS: &str = "MCS_BACKENDS";
     pub const AFFINITY: &str = "MCS_AFFINITY";
     pub const AFFINITY_MATCH: &str = "MCS_AFF_MATCH";
     pub const REVNAT4: &str = "MCS_REVNAT4";
@@ -47,12 +75,12 @@ pub mod map_names {
     pub const COUNTERS: &str = "MCS_COUNTERS";
     pub const FRONTEND_NAMES: &str = "MCS_FE_NAMES";
     pub const CLUSTER_NAMES: &str = "MCS_CLUSTERS";
+    pub const SOCK_REVNAT: &str = "MCS_SK_REVNAT";
     /// Every map the agent owns, in the order `inspect` and `uninstall` walk them.
     pub const ALL: [&str; 11] = [
         FRONTENDS4,
         FRONTENDS6,
         SLOTS,
-        BACKENDS,
         AFFINITY,
         AFFINITY_MATCH,
         REVNAT4,
@@ -60,17 +88,33 @@ pub mod map_names {
         COUNTERS,
         FRONTEND_NAMES,
         CLUSTER_NAMES,
+        SOCK_REVNAT,
     ];
 }
 
+/// The do-nothing programs in the object (`r0 = 1; exit`), by the hook they stand in for. The
+/// agent never loads them; the benchmark attaches them next to the real programs to measure the
+/// floor of a program run on the same calls.
+pub const FLOOR_PROGRAMS: [(&str, &str); 4] = [
+    ("connect4", "noop_connect4"),
+    ("connect6", "noop_connect6"),
+    ("sendmsg4", "noop_sendmsg4"),
+    ("recvmsg4", "noop_recvmsg4"),
+];
+
 /// Default capacities, overridable at load time.
 pub mod defaults {
+    /// Frontend entries per family map; frontend ids run `1..=MAX_FRONTENDS`, so the counters
+    /// array has one more entry (id 0 is never used).
     pub const MAX_FRONTENDS: u32 = 65536;
-    pub const MAX_BACKENDS: u32 = 65536;
-    /// Slots are (frontend, backend) pairs; a backend usually serves a few ports.
+    /// Slots: backends of all frontends together, plus room for the new range of the frontends
+    /// being changed.
     pub const MAX_SLOTS: u32 = 262144;
     pub const MAX_AFFINITY: u32 = 65536;
     pub const MAX_REVNAT: u32 = 131072;
+    /// Member clusters the cluster-name map can name at once (ids `1..=MAX_CLUSTERS`, kept in
+    /// a `u16` in every slot).
+    pub const MAX_CLUSTERS: u32 = 1024;
 }
 
 /// Frontend key for IPv4: (VIP, port, protocol). `port == 0 && proto == 0` is the per-VIP
@@ -101,45 +145,31 @@ pub struct FrontendKey6 {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Frontend {
-    /// Frontend id, `1..max_frontends`; keys `SLOTS`, `COUNTERS`, `AFFINITY`, `FRONTEND_NAMES`.
+    /// Frontend id, `1..=max_frontends`; keys `COUNTERS`, `AFFINITY`, `FRONTEND_NAMES` and tags
+    /// the frontend's slots.
     pub id: u32,
-    /// Number of slots in the active bank. 0 rejects.
+    /// First slot of the frontend's backends in `MCS_SLOTS`.
+    pub base: u32,
+    /// Number of backends (slots `base..base + count`). 0 rejects.
     pub count: u16,
-    /// Active slot bank, 0 or 1.
-    pub bank: u8,
     pub flags: u8,
+    pub _pad: u8,
     /// ClientIP affinity timeout in seconds (with [`FRONTEND_F_AFFINITY`]).
     pub affinity_timeout_s: u32,
-    pub _pad: u32,
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SlotKey {
-    pub frontend_id: u32,
-    pub bank: u16,
-    pub index: u16,
-}
-
-/// The value of a slot: which backend it points at.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Slot {
-    pub backend_id: u32,
-}
-
-/// A backend endpoint. IPv4 addresses use `addr[0]` and leave the rest zero.
+/// One backend of a frontend, in the frontend's range of `MCS_SLOTS`. IPv4 addresses use
+/// `addr[0]` and leave the rest zero (the frontend's family tells which).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Backend {
+pub struct Slot {
     pub addr: [u32; 4],
     /// Port, network byte order.
     pub port: u16,
-    /// [`AF_INET`] or [`AF_INET6`].
-    pub family: u8,
-    pub proto: u8,
-    /// Index into `CLUSTER_NAMES`: which cluster the endpoint comes from.
-    pub cluster: u32,
+    /// `MCS_CLUSTERS` id of the cluster the endpoint comes from (0: none).
+    pub cluster: u16,
+    /// The frontend this slot belongs to; 0 in a slot that was never written.
+    pub frontend_id: u32,
 }
 
 #[repr(C)]
@@ -151,20 +181,28 @@ pub struct AffinityKey {
     pub _pad: u32,
 }
 
+/// The backend a client last used, by ClientIP affinity.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AffinityValue {
     /// `bpf_ktime_get_ns` of the last use.
     pub last_used_ns: u64,
-    pub backend_id: u32,
-    pub _pad: u32,
+    pub addr: [u32; 4],
+    /// Port, network byte order.
+    pub port: u16,
+    pub _pad: [u16; 3],
 }
 
+/// A backend of an affinity frontend's current set: an affinity entry naming a backend that
+/// has no match is not followed.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct AffinityMatchKey {
     pub frontend_id: u32,
-    pub backend_id: u32,
+    /// Port, network byte order.
+    pub port: u16,
+    pub _pad: u16,
+    pub addr: [u32; 4],
 }
 
 /// Reverse translation for a socket: which VIP a (socket, backend) pair stands for.
@@ -202,6 +240,23 @@ pub struct RevNatValue6 {
     pub _pad: u16,
 }
 
+/// The reverse translation of a connected socket (TCP, or UDP after `connect`), kept in the
+/// socket's own storage (`MCS_SK_REVNAT`, socket-local storage: it goes with the socket). A
+/// connected socket has one peer, so one entry answers `getpeername` and the socket's
+/// `recvmsg`. Addresses as in [`Slot`]: IPv4 in word 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockRevNat {
+    pub backend: [u32; 4],
+    pub vip: [u32; 4],
+    /// Port, network byte order.
+    pub backend_port: u16,
+    pub vip_port: u16,
+    /// [`AF_INET`] (also for IPv4-mapped peers of dual-stack sockets) or [`AF_INET6`]; 0: empty.
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+
 /// Per-CPU counters of one frontend.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -211,39 +266,44 @@ pub struct Counters {
     pub rejects: u64,
 }
 
-/// Length of the fixed name fields; Kubernetes names and labels fit in 63 bytes.
-pub const NAME_LEN: usize = 64;
+/// Length of the namespace, port-name and cluster-name fields: DNS labels, at most 63 bytes,
+/// NUL-padded.
+pub const LABEL_LEN: usize = 64;
+/// Length of the service-name field: ServiceImport names are DNS subdomains, at most 253
+/// bytes, NUL-padded.
+pub const NAME_LEN: usize = 256;
 
-/// Service identity of a frontend, for `inspect`. Written by the agent only.
+/// Service identity of a frontend, for `inspect`. Written by the agent only. Every field holds
+/// the whole name (Kubernetes limits them to 63, 253 and 63 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrontendName {
-    pub namespace: [u8; NAME_LEN],
+    pub namespace: [u8; LABEL_LEN],
     pub name: [u8; NAME_LEN],
-    pub port_name: [u8; NAME_LEN],
+    pub port_name: [u8; LABEL_LEN],
 }
 
 impl Default for FrontendName {
     fn default() -> Self {
         Self {
-            namespace: [0; NAME_LEN],
+            namespace: [0; LABEL_LEN],
             name: [0; NAME_LEN],
-            port_name: [0; NAME_LEN],
+            port_name: [0; LABEL_LEN],
         }
     }
 }
 
-/// A cluster id, NUL-padded. Written by the agent only.
+/// A cluster id (a DNS label, at most 63 bytes), NUL-padded. Written by the agent only.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClusterName {
-    pub name: [u8; NAME_LEN],
+    pub name: [u8; LABEL_LEN],
 }
 
 impl Default for ClusterName {
     fn default() -> Self {
         Self {
-            name: [0; NAME_LEN],
+            name: [0; LABEL_LEN],
         }
     }
 }
@@ -252,6 +312,29 @@ impl Default for ClusterName {
 #[inline(always)]
 pub fn pick_slot(random: u32, count: u16) -> u16 {
     (random % count as u32) as u16
+}
+
+/// A well-spread 32-bit draw from a socket cookie (cookies count up from 1), so that the
+/// sockets of one client spread over the backends like random draws would.
+#[inline(always)]
+pub fn cookie_hash(cookie: u64) -> u32 {
+    (cookie.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as u32
+}
+
+/// The third word of an IPv4-mapped IPv6 address (`::ffff:0:0/96`) as `user_ip6` holds it.
+const V4_MAPPED_WORD: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
+
+/// The IPv4 address (as `user_ip4` holds it) of an IPv4-mapped IPv6 address
+/// `::ffff:a.b.c.d` (as `user_ip6` holds it), or `None` for any other address.
+#[inline(always)]
+pub fn ip6_mapped_v4(addr: [u32; 4]) -> Option<u32> {
+    (addr[0] == 0 && addr[1] == 0 && addr[2] == V4_MAPPED_WORD).then_some(addr[3])
+}
+
+/// `::ffff:a.b.c.d` for an IPv4 address, in `user_ip6` form.
+#[inline(always)]
+pub fn ip6_v4_mapped(v4: u32) -> [u32; 4] {
+    [0, 0, V4_MAPPED_WORD, v4]
 }
 
 /// Whether an affinity entry last used at `last_used_ns` is still valid at `now_ns`.
@@ -270,9 +353,7 @@ mod pod {
         FrontendKey4,
         FrontendKey6,
         Frontend,
-        SlotKey,
         Slot,
-        Backend,
         AffinityKey,
         AffinityValue,
         AffinityMatchKey,
@@ -282,7 +363,8 @@ mod pod {
         RevNatValue6,
         Counters,
         FrontendName,
-        ClusterName
+        ClusterName,
+        SockRevNat
     );
 }
 
@@ -297,16 +379,18 @@ mod tests {
         assert_eq!(size_of::<FrontendKey4>(), 8);
         assert_eq!(size_of::<FrontendKey6>(), 20);
         assert_eq!(size_of::<Frontend>(), 16);
-        assert_eq!(size_of::<SlotKey>(), 8);
-        assert_eq!(size_of::<Backend>(), 24);
+        assert_eq!(size_of::<Slot>(), 24);
         assert_eq!(size_of::<AffinityKey>(), 16);
-        assert_eq!(size_of::<AffinityValue>(), 16);
+        assert_eq!(size_of::<AffinityValue>(), 32);
+        assert_eq!(size_of::<AffinityMatchKey>(), 24);
         assert_eq!(size_of::<RevNatKey4>(), 16);
         assert_eq!(size_of::<RevNatValue4>(), 8);
         assert_eq!(size_of::<RevNatKey6>(), 32);
         assert_eq!(size_of::<RevNatValue6>(), 20);
         assert_eq!(size_of::<Counters>(), 24);
-        assert_eq!(size_of::<FrontendName>(), 3 * NAME_LEN);
+        assert_eq!(size_of::<SockRevNat>(), 40);
+        assert_eq!(size_of::<FrontendName>(), 2 * LABEL_LEN + NAME_LEN);
+        assert_eq!(size_of::<ClusterName>(), LABEL_LEN);
     }
 
     #[test]
@@ -316,6 +400,36 @@ mod tests {
                 assert!(pick_slot(r, count) < count);
             }
         }
+    }
+
+    #[test]
+    fn v4_mapped_addresses_round_trip() {
+        let word = |o: [u8; 4]| u32::from_ne_bytes(o);
+        let mapped = [0, 0, word([0, 0, 0xff, 0xff]), word([241, 0, 0, 10])];
+        assert_eq!(ip6_mapped_v4(mapped), Some(word([241, 0, 0, 10])));
+        assert_eq!(ip6_v4_mapped(word([241, 0, 0, 10])), mapped);
+        // ::ffff:0:0/96 only: not IPv4-compatible (::a.b.c.d), not ::1, not fd00::ffff:...
+        assert_eq!(ip6_mapped_v4([0, 0, 0, word([241, 0, 0, 10])]), None);
+        assert_eq!(ip6_mapped_v4([0, 0, 0, word([0, 0, 0, 1])]), None);
+        assert_eq!(
+            ip6_mapped_v4([word([0xfd, 0, 0, 0]), 0, mapped[2], mapped[3]]),
+            None
+        );
+    }
+
+    #[test]
+    fn cookie_draws_spread_consecutive_cookies() {
+        // 4000 consecutive cookies over 4 slots: each slot gets close to a quarter.
+        let mut per_slot = [0u32; 4];
+        for cookie in 1..=4000u64 {
+            per_slot[pick_slot(cookie_hash(cookie), 4) as usize] += 1;
+        }
+        assert!(
+            per_slot.iter().all(|n| (900..=1100).contains(n)),
+            "{per_slot:?}"
+        );
+        // The same socket always draws the same.
+        assert_eq!(cookie_hash(77), cookie_hash(77));
     }
 
     #[test]

@@ -1,10 +1,18 @@
 //! Socket-level load balancing for ClusterSet IPs.
 //!
 //! `connect4/6` and `sendmsg4/6` rewrite a (VIP, port, protocol) destination to one backend of
-//! the frontend, chosen uniformly at random over the active slot bank or by ClientIP affinity.
-//! `recvmsg4/6` and `getpeername4/6` translate the backend back to the VIP, so applications see
-//! the address they asked for. A known VIP on an undeclared port, or a frontend with no
-//! backends, is refused with `ECONNREFUSED`. Everything else passes through untouched.
+//! the frontend: by ClientIP affinity when the frontend has it, else uniformly at random over
+//! the active slot bank for TCP, and by the socket's cookie for UDP (every datagram of one
+//! socket goes to the same backend). `recvmsg4/6` and `getpeername4/6` translate the backend
+//! back to the VIP, so applications see the address they asked for. A known VIP on an
+//! undeclared port, or a frontend with no backends, is refused with `ECONNREFUSED`; a
+//! translation whose reverse entry cannot be recorded is refused too (with that error).
+//! Everything else passes through untouched.
+//!
+//! IPv4-mapped IPv6 destinations (`::ffff:a.b.c.d`, what dual-stack AF_INET6 sockets use for
+//! IPv4 peers) are looked up in the IPv4 maps and rewritten as IPv4-mapped backends; their
+//! replies and peers are translated back the same way.
+//!
 //! The map layouts and invariants are documented in `lib.rs`.
 #![no_std]
 #![no_main]
@@ -12,7 +20,7 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::bpf_sock_addr,
-    btf_maps::{HashMap, LruHashMap, PerCpuHashMap},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, SkStorage},
     helpers::generated::{
         bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns,
         bpf_set_retval,
@@ -22,18 +30,19 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use dataplane_ebpf::{
-    AffinityKey, AffinityMatchKey, AffinityValue, Backend, ClusterName, Counters, ECONNREFUSED,
-    FRONTEND_F_AFFINITY, FRONTEND_F_WILDCARD, Frontend, FrontendKey4, FrontendKey6, FrontendName,
-    IPPROTO_TCP, IPPROTO_UDP, RevNatKey4, RevNatKey6, RevNatValue4, RevNatValue6, Slot, SlotKey,
-    affinity_fresh, defaults, pick_slot,
+    AF_INET, AF_INET6, AffinityKey, AffinityMatchKey, AffinityValue, ClusterName, Counters,
+    ECONNREFUSED, ENOMEM, FRONTEND_F_AFFINITY, FRONTEND_F_WILDCARD, Frontend, FrontendKey4,
+    FrontendKey6, FrontendName, IPPROTO_TCP, IPPROTO_UDP, RevNatKey4, RevNatKey6, RevNatValue4,
+    RevNatValue6, Slot, SockRevNat, affinity_fresh, cookie_hash, defaults, ip6_mapped_v4,
+    ip6_v4_mapped, pick_slot,
 };
 
 /// Elements are allocated on write and freed after an RCU grace period, so a concurrent reader
 /// never sees a recycled element (the aliasing hazard of preallocated hash maps).
 const NO_PREALLOC: usize = 1;
 const MAX_FRONTENDS: usize = defaults::MAX_FRONTENDS as usize;
-const MAX_BACKENDS: usize = defaults::MAX_BACKENDS as usize;
 const MAX_SLOTS: usize = defaults::MAX_SLOTS as usize;
+const MAX_CLUSTERS: usize = defaults::MAX_CLUSTERS as usize;
 const MAX_AFFINITY: usize = defaults::MAX_AFFINITY as usize;
 const MAX_REVNAT: usize = defaults::MAX_REVNAT as usize;
 
@@ -43,33 +52,193 @@ const MAX_REVNAT: usize = defaults::MAX_REVNAT as usize;
 static FRONTENDS4: HashMap<FrontendKey4, Frontend, MAX_FRONTENDS, NO_PREALLOC> = HashMap::new();
 #[btf_map(name = "MCS_FE6")]
 static FRONTENDS6: HashMap<FrontendKey6, Frontend, MAX_FRONTENDS, NO_PREALLOC> = HashMap::new();
+/// Every frontend's backends, one range each (see the invariants in `lib.rs`).
 #[btf_map(name = "MCS_SLOTS")]
-static SLOTS: HashMap<SlotKey, Slot, MAX_SLOTS, NO_PREALLOC> = HashMap::new();
-#[btf_map(name = "MCS_BACKENDS")]
-static BACKENDS: HashMap<u32, Backend, MAX_BACKENDS, NO_PREALLOC> = HashMap::new();
+static SLOTS: Array<Slot, MAX_SLOTS> = Array::new();
 #[btf_map(name = "MCS_AFFINITY")]
 static AFFINITY: LruHashMap<AffinityKey, AffinityValue, MAX_AFFINITY> = LruHashMap::new();
 #[btf_map(name = "MCS_AFF_MATCH")]
 static AFFINITY_MATCH: HashMap<AffinityMatchKey, u32, MAX_SLOTS, NO_PREALLOC> = HashMap::new();
+/// Reverse translation of connected sockets, in the socket itself (freed with it).
+#[btf_map(name = "MCS_SK_REVNAT")]
+static SOCK_REVNAT: SkStorage<SockRevNat> = SkStorage::new();
+/// Reverse translation of unconnected UDP sockets, per (socket, backend).
 #[btf_map(name = "MCS_REVNAT4")]
 static REVNAT4: LruHashMap<RevNatKey4, RevNatValue4, MAX_REVNAT> = LruHashMap::new();
 #[btf_map(name = "MCS_REVNAT6")]
 static REVNAT6: LruHashMap<RevNatKey6, RevNatValue6, MAX_REVNAT> = LruHashMap::new();
+/// Indexed by frontend id (ids start at 1).
 #[btf_map(name = "MCS_COUNTERS")]
-static COUNTERS: PerCpuHashMap<u32, Counters, MAX_FRONTENDS, NO_PREALLOC> = PerCpuHashMap::new();
+static COUNTERS: PerCpuArray<Counters, { MAX_FRONTENDS + 1 }> = PerCpuArray::new();
 /// Names for `inspect`; only the agent reads and writes them.
 #[btf_map(name = "MCS_FE_NAMES")]
 static FRONTEND_NAMES: HashMap<u32, FrontendName, MAX_FRONTENDS, NO_PREALLOC> = HashMap::new();
 #[btf_map(name = "MCS_CLUSTERS")]
-static CLUSTER_NAMES: HashMap<u32, ClusterName, 1024, NO_PREALLOC> = HashMap::new();
+static CLUSTER_NAMES: HashMap<u32, ClusterName, MAX_CLUSTERS, NO_PREALLOC> = HashMap::new();
 
 /// Return values of cgroup sock_addr programs.
 const ALLOW: i32 = 1;
 const DENY: i32 = 0;
 
-enum Verdict {
-    /// Rewrite to this backend.
-    Translate(u32, Backend),
+/// One address family of the maps: its frontend and reverse-translation maps, and where a
+/// backend's address sits in a [`Slot`]. [`V4`] also serves IPv4-mapped IPv6 destinations.
+trait Family {
+    /// An address as `bpf_sock_addr` holds it (network-order words).
+    type Addr: Copy + PartialEq;
+    /// [`AF_INET`] or [`AF_INET6`], as [`SockRevNat::family`] holds it.
+    const FAMILY: u8;
+    fn to_words(addr: Self::Addr) -> [u32; 4];
+    fn from_words(words: [u32; 4]) -> Self::Addr;
+    /// The frontend entry of (address, port, protocol); `port == 0 && proto == 0` is the VIP's
+    /// wildcard.
+    fn frontend(addr: Self::Addr, port: u16, proto: u8) -> Option<Frontend>;
+    /// Records that (socket, backend) stands for (VIP, port).
+    fn rev_insert(
+        cookie: u64,
+        backend: Self::Addr,
+        backend_port: u16,
+        vip: Self::Addr,
+        vip_port: u16,
+    ) -> Result<(), i32>;
+    /// The (VIP, port) that (socket, backend) stands for.
+    fn rev_lookup(cookie: u64, backend: Self::Addr, backend_port: u16)
+    -> Option<(Self::Addr, u16)>;
+}
+
+struct V4;
+struct V6;
+
+impl Family for V4 {
+    type Addr = u32;
+    const FAMILY: u8 = AF_INET;
+
+    #[inline(always)]
+    fn to_words(addr: u32) -> [u32; 4] {
+        [addr, 0, 0, 0]
+    }
+
+    #[inline(always)]
+    fn from_words(words: [u32; 4]) -> u32 {
+        words[0]
+    }
+
+    #[inline(always)]
+    fn frontend(addr: u32, port: u16, proto: u8) -> Option<Frontend> {
+        let key = FrontendKey4 {
+            addr,
+            port,
+            proto,
+            _pad: 0,
+        };
+        unsafe { FRONTENDS4.get(&key) }.copied()
+    }
+
+    #[inline(always)]
+    fn rev_insert(
+        cookie: u64,
+        backend: u32,
+        backend_port: u16,
+        vip: u32,
+        vip_port: u16,
+    ) -> Result<(), i32> {
+        let key = RevNatKey4 {
+            cookie,
+            backend_addr: backend,
+            backend_port,
+            _pad: 0,
+        };
+        let value = RevNatValue4 {
+            vip,
+            vip_port,
+            _pad: 0,
+        };
+        REVNAT4.insert(&key, &value, 0).map_err(|e| e as i32)
+    }
+
+    #[inline(always)]
+    fn rev_lookup(cookie: u64, backend: u32, backend_port: u16) -> Option<(u32, u16)> {
+        let key = RevNatKey4 {
+            cookie,
+            backend_addr: backend,
+            backend_port,
+            _pad: 0,
+        };
+        unsafe { REVNAT4.get(&key) }.map(|v| (v.vip, v.vip_port))
+    }
+}
+
+impl Family for V6 {
+    type Addr = [u32; 4];
+    const FAMILY: u8 = AF_INET6;
+
+    #[inline(always)]
+    fn to_words(addr: [u32; 4]) -> [u32; 4] {
+        addr
+    }
+
+    #[inline(always)]
+    fn from_words(words: [u32; 4]) -> [u32; 4] {
+        words
+    }
+
+    #[inline(always)]
+    fn frontend(addr: [u32; 4], port: u16, proto: u8) -> Option<Frontend> {
+        let key = FrontendKey6 {
+            addr,
+            port,
+            proto,
+            _pad: 0,
+        };
+        unsafe { FRONTENDS6.get(&key) }.copied()
+    }
+
+    #[inline(always)]
+    fn rev_insert(
+        cookie: u64,
+        backend: [u32; 4],
+        backend_port: u16,
+        vip: [u32; 4],
+        vip_port: u16,
+    ) -> Result<(), i32> {
+        let key = RevNatKey6 {
+            cookie,
+            backend_addr: backend,
+            backend_port,
+            _pad: [0; 3],
+        };
+        let value = RevNatValue6 {
+            vip,
+            vip_port,
+            _pad: 0,
+        };
+        REVNAT6.insert(&key, &value, 0).map_err(|e| e as i32)
+    }
+
+    #[inline(always)]
+    fn rev_lookup(cookie: u64, backend: [u32; 4], backend_port: u16) -> Option<([u32; 4], u16)> {
+        let key = RevNatKey6 {
+            cookie,
+            backend_addr: backend,
+            backend_port,
+            _pad: [0; 3],
+        };
+        unsafe { REVNAT6.get(&key) }.map(|v| (v.vip, v.vip_port))
+    }
+}
+
+enum Verdict<A> {
+    /// Rewrite the destination to this backend.
+    Translate(A, u16),
+    /// Refuse with this (negative) errno.
+    Reject(i32),
+    /// Not a VIP: leave the call alone.
+    Pass,
+}
+
+/// What `choose` found.
+enum Choice {
+    /// A backend of the frontend (id): its address words and port, as a slot holds them.
+    Backend(u32, [u32; 4], u16),
     /// Refuse with ECONNREFUSED.
     Reject(u32),
     /// The slot or backend just read is gone: the agent switched this frontend to a new bank
@@ -86,87 +255,6 @@ fn bump(frontend_id: u32, f: impl FnOnce(&mut Counters)) {
 }
 
 #[inline(always)]
-fn reject(ctx: &SockAddrContext, frontend_id: u32) -> i32 {
-    bump(frontend_id, |c| c.rejects += 1);
-    debug!(ctx, "reject frontend {}", frontend_id);
-    unsafe { bpf_set_retval(-ECONNREFUSED) };
-    DENY
-}
-
-/// Chooses a backend for a frontend: the client's affinity entry if it is fresh and its backend
-/// still belongs to the frontend, else a uniformly random active slot.
-#[inline(always)]
-fn choose(ctx: &SockAddrContext, fe: &Frontend) -> Verdict {
-    if fe.flags & FRONTEND_F_WILDCARD != 0 || fe.count == 0 {
-        return Verdict::Reject(fe.id);
-    }
-    let affinity = fe.flags & FRONTEND_F_AFFINITY != 0;
-    let now = unsafe { bpf_ktime_get_ns() };
-    let aff_key = AffinityKey {
-        netns_cookie: if affinity {
-            unsafe { bpf_get_netns_cookie(ctx.as_ptr()) }
-        } else {
-            0
-        },
-        frontend_id: fe.id,
-        _pad: 0,
-    };
-    if affinity && let Some(entry) = unsafe { AFFINITY.get(&aff_key) } {
-        let backend_id = entry.backend_id;
-        let still_member = unsafe {
-            AFFINITY_MATCH
-                .get(&AffinityMatchKey {
-                    frontend_id: fe.id,
-                    backend_id,
-                })
-                .is_some()
-        };
-        if still_member
-            && affinity_fresh(now, entry.last_used_ns, fe.affinity_timeout_s)
-            && let Some(be) = unsafe { BACKENDS.get(&backend_id) }
-        {
-            let be = *be;
-            let _ = AFFINITY.insert(
-                &aff_key,
-                &AffinityValue {
-                    last_used_ns: now,
-                    backend_id,
-                    _pad: 0,
-                },
-                0,
-            );
-            bump(fe.id, |c| c.affinity_hits += 1);
-            return Verdict::Translate(fe.id, be);
-        }
-    }
-    let index = pick_slot(unsafe { bpf_get_prandom_u32() }, fe.count);
-    let slot = SlotKey {
-        frontend_id: fe.id,
-        bank: fe.bank as u16,
-        index,
-    };
-    let Some(slot) = (unsafe { SLOTS.get(&slot) }) else {
-        return Verdict::Stale(fe.id);
-    };
-    let backend_id = slot.backend_id;
-    let Some(be) = (unsafe { BACKENDS.get(&backend_id) }) else {
-        return Verdict::Stale(fe.id);
-    };
-    if affinity {
-        let _ = AFFINITY.insert(
-            &aff_key,
-            &AffinityValue {
-                last_used_ns: now,
-                backend_id,
-                _pad: 0,
-            },
-            0,
-        );
-    }
-    Verdict::Translate(fe.id, *be)
-}
-
-#[inline(always)]
 fn l4_proto(sa: &bpf_sock_addr) -> Option<u8> {
     match sa.protocol as u8 {
         IPPROTO_TCP => Some(IPPROTO_TCP),
@@ -175,223 +263,357 @@ fn l4_proto(sa: &bpf_sock_addr) -> Option<u8> {
     }
 }
 
+/// The frontend of a destination: its (port, protocol) entry, else the VIP's wildcard.
 #[inline(always)]
-fn lookup4(sa: &bpf_sock_addr, proto: u8) -> Option<Frontend> {
-    let addr = sa.user_ip4;
-    let key = FrontendKey4 {
-        addr,
-        port: sa.user_port as u16,
-        proto,
-        _pad: 0,
-    };
-    if let Some(fe) = unsafe { FRONTENDS4.get(&key) } {
-        return Some(*fe);
+fn lookup<F: Family>(addr: F::Addr, port: u16, proto: u8) -> Option<Frontend> {
+    F::frontend(addr, port, proto).or_else(|| F::frontend(addr, 0, 0))
+}
+
+/// Chooses a backend for a frontend: the client's affinity entry if it is fresh and its backend
+/// still belongs to the frontend, else an active slot picked by `draw`.
+#[inline(always)]
+fn choose(ctx: &SockAddrContext, fe: &Frontend, draw: u32) -> Choice {
+    if fe.flags & FRONTEND_F_WILDCARD != 0 || fe.count == 0 {
+        return Choice::Reject(fe.id);
     }
-    let wildcard = FrontendKey4 {
-        addr,
-        port: 0,
-        proto: 0,
+    let affinity = fe.flags & FRONTEND_F_AFFINITY != 0;
+    // The clock and the client's netns cookie only matter with affinity.
+    let (now, netns_cookie) = if affinity {
+        unsafe { (bpf_ktime_get_ns(), bpf_get_netns_cookie(ctx.as_ptr())) }
+    } else {
+        (0, 0)
+    };
+    let aff_key = AffinityKey {
+        netns_cookie,
+        frontend_id: fe.id,
         _pad: 0,
     };
-    unsafe { FRONTENDS4.get(&wildcard) }.copied()
+    if affinity && let Some(entry) = unsafe { AFFINITY.get(&aff_key) } {
+        let (addr, port) = (entry.addr, entry.port);
+        let still_member = unsafe {
+            AFFINITY_MATCH
+                .get(&AffinityMatchKey {
+                    frontend_id: fe.id,
+                    port,
+                    _pad: 0,
+                    addr,
+                })
+                .is_some()
+        };
+        if still_member && affinity_fresh(now, entry.last_used_ns, fe.affinity_timeout_s) {
+            remember(&aff_key, now, addr, port);
+            bump(fe.id, |c| c.affinity_hits += 1);
+            return Choice::Backend(fe.id, addr, port);
+        }
+    }
+    // An index past the array or a slot of another frontend: the frontend changed under us.
+    let Some(slot) = SLOTS.get(fe.base.wrapping_add(pick_slot(draw, fe.count) as u32)) else {
+        return Choice::Stale(fe.id);
+    };
+    if slot.frontend_id != fe.id {
+        return Choice::Stale(fe.id);
+    }
+    let (addr, port) = (slot.addr, slot.port);
+    if affinity {
+        remember(&aff_key, now, addr, port);
+    }
+    Choice::Backend(fe.id, addr, port)
+}
+
+/// Records the backend a client used, for ClientIP affinity. An LRU map: a failed insert only
+/// costs the client its stickiness.
+#[inline(always)]
+fn remember(key: &AffinityKey, now: u64, addr: [u32; 4], port: u16) {
+    let value = AffinityValue {
+        last_used_ns: now,
+        addr,
+        port,
+        _pad: [0; 3],
+    };
+    let _ = AFFINITY.insert(key, &value, 0);
+}
+
+/// Which hook translates: `connect` (the socket gets one peer) or `sendmsg` (one datagram of
+/// an unconnected UDP socket).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Hook {
+    Connect,
+    Sendmsg,
+}
+
+/// Records, for the reverse path, that this socket's backend `(backend, backend_port)` stands
+/// for `(vip, vip_port)`: in the socket's own storage for a connect, in the per-(socket,
+/// backend) LRU map for a datagram (written only when it changes).
+#[inline(always)]
+fn record<F: Family>(
+    ctx: &SockAddrContext,
+    hook: Hook,
+    cookie: u64,
+    backend: F::Addr,
+    backend_port: u16,
+    vip: F::Addr,
+    vip_port: u16,
+) -> Result<(), i32> {
+    if hook == Hook::Connect {
+        let entry = unsafe { SOCK_REVNAT.get_or_insert_ptr_mut(ctx, None) };
+        if entry.is_null() {
+            return Err(-ENOMEM);
+        }
+        // SAFETY: a non-null pointer from bpf_sk_storage_get is this socket's value.
+        unsafe {
+            *entry = SockRevNat {
+                backend: F::to_words(backend),
+                vip: F::to_words(vip),
+                backend_port,
+                vip_port,
+                family: F::FAMILY,
+                _pad: [0; 3],
+            };
+        }
+        return Ok(());
+    }
+    if F::rev_lookup(cookie, backend, backend_port) == Some((vip, vip_port)) {
+        return Ok(());
+    }
+    F::rev_insert(cookie, backend, backend_port, vip, vip_port)
+}
+
+/// The forward translation of a destination `(vip, port)` of family `F`.
+#[inline(always)]
+fn forward<F: Family>(
+    ctx: &SockAddrContext,
+    hook: Hook,
+    vip: F::Addr,
+    vip_port: u16,
+) -> Verdict<F::Addr> {
+    let sa = unsafe { &*ctx.sock_addr };
+    let Some(proto) = l4_proto(sa) else {
+        return Verdict::Pass;
+    };
+    let Some(fe) = lookup::<F>(vip, vip_port, proto) else {
+        return Verdict::Pass;
+    };
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    // TCP: a fresh draw per connection. UDP: one backend per socket, so that every datagram
+    // of an unconnected socket (a QUIC handshake, a multi-datagram exchange) meets the same
+    // backend.
+    let draw = if proto == IPPROTO_TCP {
+        unsafe { bpf_get_prandom_u32() }
+    } else {
+        cookie_hash(cookie)
+    };
+    let choice = match choose(ctx, &fe, draw) {
+        Choice::Stale(id) => match lookup::<F>(vip, vip_port, proto) {
+            Some(fe) => choose(ctx, &fe, draw),
+            None => Choice::Reject(id),
+        },
+        c => c,
+    };
+    match choice {
+        Choice::Reject(id) | Choice::Stale(id) => {
+            bump(id, |c| c.rejects += 1);
+            debug!(ctx, "reject frontend {}", id);
+            Verdict::Reject(-ECONNREFUSED)
+        }
+        Choice::Backend(id, addr, port) => {
+            let backend = F::from_words(addr);
+            // Without its reverse entry the application would see the backend, not the VIP,
+            // as its peer: refuse rather than translate half-way.
+            if let Err(e) = record::<F>(ctx, hook, cookie, backend, port, vip, vip_port) {
+                bump(id, |c| c.rejects += 1);
+                debug!(ctx, "reject frontend {}: reverse entry failed {}", id, e);
+                return Verdict::Reject(if e < 0 { e } else { -ENOMEM });
+            }
+            bump(id, |c| c.translations += 1);
+            Verdict::Translate(backend, port)
+        }
+    }
+}
+
+/// The VIP that a backend peer `(addr, port)` of this socket stands for, if any: the
+/// socket's own entry (connected sockets), else, for `recvmsg` of an unconnected UDP socket,
+/// the per-(socket, backend) map.
+#[inline(always)]
+fn reverse<F: Family>(
+    ctx: &SockAddrContext,
+    unconnected_too: bool,
+    addr: F::Addr,
+    port: u16,
+) -> Option<(F::Addr, u16)> {
+    let entry = unsafe { SOCK_REVNAT.get_ptr_mut(ctx) };
+    if !entry.is_null() {
+        // SAFETY: a non-null pointer from bpf_sk_storage_get is this socket's value.
+        let e = unsafe { &*entry };
+        if e.family == F::FAMILY && e.backend_port == port && F::from_words(e.backend) == addr {
+            return Some((F::from_words(e.vip), e.vip_port));
+        }
+    }
+    if !unconnected_too {
+        return None;
+    }
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    F::rev_lookup(cookie, addr, port)
+}
+
+/// Applies a verdict: the program's return value.
+#[inline(always)]
+fn apply<A>(verdict: Verdict<A>, write: impl FnOnce(A, u16)) -> i32 {
+    match verdict {
+        Verdict::Pass => ALLOW,
+        Verdict::Translate(addr, port) => {
+            write(addr, port);
+            ALLOW
+        }
+        Verdict::Reject(errno) => {
+            unsafe { bpf_set_retval(errno) };
+            DENY
+        }
+    }
 }
 
 #[inline(always)]
-fn lookup6(sa: &bpf_sock_addr, proto: u8) -> Option<Frontend> {
-    let addr = [
+fn user_ip6(sa: &bpf_sock_addr) -> [u32; 4] {
+    [
         sa.user_ip6[0],
         sa.user_ip6[1],
         sa.user_ip6[2],
         sa.user_ip6[3],
-    ];
-    let key = FrontendKey6 {
-        addr,
-        port: sa.user_port as u16,
-        proto,
-        _pad: 0,
-    };
-    if let Some(fe) = unsafe { FRONTENDS6.get(&key) } {
-        return Some(*fe);
-    }
-    let wildcard = FrontendKey6 {
-        addr,
-        port: 0,
-        proto: 0,
-        _pad: 0,
-    };
-    unsafe { FRONTENDS6.get(&wildcard) }.copied()
+    ]
 }
 
 #[inline(always)]
-fn forward4(ctx: &SockAddrContext) -> i32 {
-    let sa = unsafe { &mut *ctx.sock_addr };
-    let Some(proto) = l4_proto(sa) else {
-        return ALLOW;
-    };
-    let Some(fe) = lookup4(sa, proto) else {
-        return ALLOW;
-    };
-    let verdict = match choose(ctx, &fe) {
-        Verdict::Stale(id) => match lookup4(sa, proto) {
-            Some(fe) => choose(ctx, &fe),
-            None => Verdict::Reject(id),
-        },
-        v => v,
-    };
-    match verdict {
-        Verdict::Reject(id) | Verdict::Stale(id) => reject(ctx, id),
-        Verdict::Translate(id, be) => {
-            let vip = sa.user_ip4;
-            let vip_port = sa.user_port as u16;
-            let rev_key = RevNatKey4 {
-                cookie: unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
-                backend_addr: be.addr[0],
-                backend_port: be.port,
-                _pad: 0,
-            };
-            let rev = RevNatValue4 {
-                vip,
-                vip_port,
-                _pad: 0,
-            };
-            let _ = REVNAT4.insert(&rev_key, &rev, 0);
-            sa.user_ip4 = be.addr[0];
-            sa.user_port = be.port as u32;
-            bump(id, |c| c.translations += 1);
-            ALLOW
-        }
-    }
+fn set_user_ip6(sa: &mut bpf_sock_addr, addr: [u32; 4]) {
+    sa.user_ip6[0] = addr[0];
+    sa.user_ip6[1] = addr[1];
+    sa.user_ip6[2] = addr[2];
+    sa.user_ip6[3] = addr[3];
 }
 
+/// connect4, sendmsg4: an IPv4 destination.
 #[inline(always)]
-fn forward6(ctx: &SockAddrContext) -> i32 {
+fn forward4(ctx: &SockAddrContext, hook: Hook) -> i32 {
     let sa = unsafe { &mut *ctx.sock_addr };
-    let Some(proto) = l4_proto(sa) else {
-        return ALLOW;
-    };
-    let Some(fe) = lookup6(sa, proto) else {
-        return ALLOW;
-    };
-    let verdict = match choose(ctx, &fe) {
-        Verdict::Stale(id) => match lookup6(sa, proto) {
-            Some(fe) => choose(ctx, &fe),
-            None => Verdict::Reject(id),
-        },
-        v => v,
-    };
-    match verdict {
-        Verdict::Reject(id) | Verdict::Stale(id) => reject(ctx, id),
-        Verdict::Translate(id, be) => {
-            let vip = [
-                sa.user_ip6[0],
-                sa.user_ip6[1],
-                sa.user_ip6[2],
-                sa.user_ip6[3],
-            ];
-            let vip_port = sa.user_port as u16;
-            let rev_key = RevNatKey6 {
-                cookie: unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
-                backend_addr: be.addr,
-                backend_port: be.port,
-                _pad: [0; 3],
-            };
-            let rev = RevNatValue6 {
-                vip,
-                vip_port,
-                _pad: 0,
-            };
-            let _ = REVNAT6.insert(&rev_key, &rev, 0);
-            sa.user_ip6[0] = be.addr[0];
-            sa.user_ip6[1] = be.addr[1];
-            sa.user_ip6[2] = be.addr[2];
-            sa.user_ip6[3] = be.addr[3];
-            sa.user_port = be.port as u32;
-            bump(id, |c| c.translations += 1);
-            ALLOW
-        }
-    }
+    let verdict = forward::<V4>(ctx, hook, sa.user_ip4, sa.user_port as u16);
+    apply(verdict, |addr, port| {
+        sa.user_ip4 = addr;
+        sa.user_port = port as u32;
+    })
 }
 
-/// Rewrites a backend source (recvmsg) or peer (getpeername) back to the VIP it stands for.
+/// connect6, sendmsg6: an IPv6 destination, or an IPv4-mapped one (looked up as IPv4 and
+/// rewritten as an IPv4-mapped backend).
 #[inline(always)]
-fn reverse4(ctx: &SockAddrContext) -> i32 {
+fn forward6(ctx: &SockAddrContext, hook: Hook) -> i32 {
     let sa = unsafe { &mut *ctx.sock_addr };
-    let key = RevNatKey4 {
-        cookie: unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
-        backend_addr: sa.user_ip4,
-        backend_port: sa.user_port as u16,
-        _pad: 0,
-    };
-    if let Some(rev) = unsafe { REVNAT4.get(&key) } {
-        sa.user_ip4 = rev.vip;
-        sa.user_port = rev.vip_port as u32;
+    let dst = user_ip6(sa);
+    let port = sa.user_port as u16;
+    if let Some(v4) = ip6_mapped_v4(dst) {
+        let verdict = forward::<V4>(ctx, hook, v4, port);
+        return apply(verdict, |addr, port| {
+            set_user_ip6(sa, ip6_v4_mapped(addr));
+            sa.user_port = port as u32;
+        });
+    }
+    let verdict = forward::<V6>(ctx, hook, dst, port);
+    apply(verdict, |addr, port| {
+        set_user_ip6(sa, addr);
+        sa.user_port = port as u32;
+    })
+}
+
+/// recvmsg4, getpeername4: rewrites a backend source or peer back to the VIP it stands for.
+/// `unconnected_too`: recvmsg, whose socket may be an unconnected UDP one.
+#[inline(always)]
+fn reverse4(ctx: &SockAddrContext, unconnected_too: bool) -> i32 {
+    let sa = unsafe { &mut *ctx.sock_addr };
+    if let Some((vip, port)) = reverse::<V4>(ctx, unconnected_too, sa.user_ip4, sa.user_port as u16)
+    {
+        sa.user_ip4 = vip;
+        sa.user_port = port as u32;
     }
     ALLOW
 }
 
+/// recvmsg6, getpeername6: the same for IPv6 peers and IPv4-mapped ones.
 #[inline(always)]
-fn reverse6(ctx: &SockAddrContext) -> i32 {
+fn reverse6(ctx: &SockAddrContext, unconnected_too: bool) -> i32 {
     let sa = unsafe { &mut *ctx.sock_addr };
-    let key = RevNatKey6 {
-        cookie: unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
-        backend_addr: [
-            sa.user_ip6[0],
-            sa.user_ip6[1],
-            sa.user_ip6[2],
-            sa.user_ip6[3],
-        ],
-        backend_port: sa.user_port as u16,
-        _pad: [0; 3],
-    };
-    if let Some(rev) = unsafe { REVNAT6.get(&key) } {
-        let vip = rev.vip;
-        sa.user_ip6[0] = vip[0];
-        sa.user_ip6[1] = vip[1];
-        sa.user_ip6[2] = vip[2];
-        sa.user_ip6[3] = vip[3];
-        sa.user_port = rev.vip_port as u32;
+    let peer = user_ip6(sa);
+    let port = sa.user_port as u16;
+    if let Some(v4) = ip6_mapped_v4(peer) {
+        if let Some((vip, vip_port)) = reverse::<V4>(ctx, unconnected_too, v4, port) {
+            set_user_ip6(sa, ip6_v4_mapped(vip));
+            sa.user_port = vip_port as u32;
+        }
+    } else if let Some((vip, vip_port)) = reverse::<V6>(ctx, unconnected_too, peer, port) {
+        set_user_ip6(sa, vip);
+        sa.user_port = vip_port as u32;
     }
     ALLOW
 }
 
 #[cgroup_sock_addr(connect4)]
 pub fn connect4(ctx: SockAddrContext) -> i32 {
-    forward4(&ctx)
+    forward4(&ctx, Hook::Connect)
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn connect6(ctx: SockAddrContext) -> i32 {
-    forward6(&ctx)
+    forward6(&ctx, Hook::Connect)
 }
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn sendmsg4(ctx: SockAddrContext) -> i32 {
-    forward4(&ctx)
+    forward4(&ctx, Hook::Sendmsg)
 }
 
 #[cgroup_sock_addr(sendmsg6)]
 pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
-    forward6(&ctx)
+    forward6(&ctx, Hook::Sendmsg)
 }
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn recvmsg4(ctx: SockAddrContext) -> i32 {
-    reverse4(&ctx)
+    reverse4(&ctx, true)
 }
 
 #[cgroup_sock_addr(recvmsg6)]
 pub fn recvmsg6(ctx: SockAddrContext) -> i32 {
-    reverse6(&ctx)
+    reverse6(&ctx, true)
 }
 
 #[cgroup_sock_addr(getpeername4)]
 pub fn getpeername4(ctx: SockAddrContext) -> i32 {
-    reverse4(&ctx)
+    reverse4(&ctx, false)
 }
 
 #[cgroup_sock_addr(getpeername6)]
 pub fn getpeername6(ctx: SockAddrContext) -> i32 {
-    reverse6(&ctx)
+    reverse6(&ctx, false)
+}
+
+// Do-nothing programs of each measured hook (`r0 = 1; exit`), never attached by the agent. The
+// benchmark attaches them next to the programs above, on the same cgroup, so both run on the
+// same calls: their kernel run time per call is the floor a program of that type costs.
+
+#[cgroup_sock_addr(connect4)]
+pub fn noop_connect4(_ctx: SockAddrContext) -> i32 {
+    ALLOW
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn noop_connect6(_ctx: SockAddrContext) -> i32 {
+    ALLOW
+}
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn noop_sendmsg4(_ctx: SockAddrContext) -> i32 {
+    ALLOW
+}
+
+#[cgroup_sock_addr(recvmsg4)]
+pub fn noop_recvmsg4(_ctx: SockAddrContext) -> i32 {
+    ALLOW
 }
 
 #[cfg(not(test))]

@@ -1,14 +1,14 @@
 //! Smoke entry for the datapath bench (root only):
 //!
 //! `cargo build --release -p dataplane-agent -p tests --bins --examples`
-//! `sudo target/release/examples/bench-datapath [--services 1,1000] [--modes socket-lb,iptables,nftables,direct]
+//! `sudo target/release/examples/bench-datapath [--services 1,1000] [--protos tcp,udp] [--modes socket-lb,iptables,nftables,direct]
 //!   [--duration-secs 2] [--threads 4] [--change-samples 10] [--work-dir DIR] [--install-budget-secs 300]`
 //! Prints one line per measurement, then the whole report as JSON.
 
 use std::time::Duration;
 
 use anyhow::Context as _;
-use tests::bench::datapath::{self, DatapathOptions, Mode};
+use tests::bench::datapath::{self, DatapathOptions, Mode, Proto};
 
 fn main() -> anyhow::Result<()> {
     let mut opts = DatapathOptions::quick(std::env::temp_dir().join("mcs-bench-datapath"));
@@ -26,6 +26,12 @@ fn main() -> anyhow::Result<()> {
                 opts.modes = v
                     .split(',')
                     .map(|m| m.parse::<Mode>())
+                    .collect::<anyhow::Result<_>>()?
+            }
+            "--protos" => {
+                opts.protos = v
+                    .split(',')
+                    .map(|p| p.parse::<Proto>())
                     .collect::<anyhow::Result<_>>()?
             }
             "--duration-secs" => opts.duration = Duration::from_secs_f64(v.parse()?),
@@ -47,8 +53,9 @@ fn main() -> anyhow::Result<()> {
             continue;
         }
         println!(
-            "{:<10} N={:<6} {:>9.0} conns/s  p50 {:>7.1} us  p99 {:>8.1} us  install {:>8.3} s  conns {} failures {}  backends {:?}",
+            "{:<10} {} N={:<6} {:>9.0} per s  p50 {:>7.1} us  p99 {:>8.1} us  install {:>8.3} s  conns {} failures {}  backends {:?}",
             t.mode.to_string(),
+            t.proto,
             t.services,
             t.conns_per_sec,
             t.p50_us,
@@ -67,6 +74,18 @@ fn main() -> anyhow::Result<()> {
             c.p50_ms,
             c.p99_ms,
             c.samples
+        );
+    }
+    for h in &report.hooks {
+        println!(
+            "hook {:<9} N={:<6} {:>6.0} ns/call, floor {:>5.0} ns ({:.2}x) over {} calls: {}",
+            h.hook,
+            h.services,
+            h.ns_per_call,
+            h.floor_ns_per_call,
+            h.ratio(),
+            h.calls,
+            h.calls_on
         );
     }
     for n in &report.notes {

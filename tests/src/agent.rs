@@ -32,13 +32,24 @@ impl Agent {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> anyhow::Result<Agent> {
+        Self::start_in(topo, &topo.pin_dir, args, env)
+    }
+
+    /// [`start_with_env`](Self::start_with_env) with another pin directory than the
+    /// topology's (which must contain it, so the topology's cleanup removes it).
+    pub fn start_in(
+        topo: &Topology,
+        pin_dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Agent> {
         let n = fs::read_dir(&topo.dir).map(|d| d.count()).unwrap_or(0);
         let log = topo.dir.join(format!("agent-{n}.log"));
         let out = fs::File::create(&log)?;
         let child = crate::netns::die_with_parent(&mut Command::new(agent_bin()))
             .args(args)
             .arg("--pin-dir")
-            .arg(&topo.pin_dir)
+            .arg(pin_dir)
             .arg("--cgroup")
             .arg(&topo.cgroup)
             .env("RUST_LOG", "info,dataplane_agent=debug")
@@ -50,7 +61,7 @@ impl Agent {
         Ok(Agent {
             child: Some(child),
             log,
-            pin_dir: topo.pin_dir.clone(),
+            pin_dir: pin_dir.to_owned(),
         })
     }
 

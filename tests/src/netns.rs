@@ -110,7 +110,7 @@ pub fn clean_stale() {
     if let Ok(entries) = fs::read_dir("/sys/fs/bpf") {
         for e in entries.flatten() {
             if stale(&e.file_name().to_string_lossy()) {
-                let _ = dataplane_agent::bpf::loader::uninstall(&e.path());
+                uninstall_tree(&e.path());
             }
         }
     }
@@ -123,6 +123,18 @@ pub fn clean_stale() {
             }
         }
     }
+}
+
+/// Removes a pin directory and the pin directories inside it (tests that run agents with
+/// versioned layouts under the topology's).
+fn uninstall_tree(dir: &Path) {
+    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        if name != "links" && name != "maps" && e.path().is_dir() {
+            uninstall_tree(&e.path());
+        }
+    }
+    let _ = dataplane_agent::bpf::loader::uninstall(dir);
 }
 
 fn remove_cgroup(path: &Path) {
@@ -185,10 +197,11 @@ impl Topology {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         clean_stale();
-        let _ = sh("mount", &["-t", "bpf", "bpf", "/sys/fs/bpf"]).or_else(|_| {
-            // Already mounted is fine.
-            sh("mountpoint", &["-q", "/sys/fs/bpf"])
-        })?;
+        // Mount bpffs only where there is none: mounting it again would stack a new, empty
+        // instance over the one in use and hide every pin in it (other tests', an agent's).
+        if !dataplane_agent::bpf::loader::is_on_bpffs(Path::new("/sys/fs/bpf")) {
+            sh("mount", &["-t", "bpf", "bpf", "/sys/fs/bpf"])?;
+        }
         let n = NEXT.fetch_add(1, Ordering::SeqCst);
         let pid = std::process::id();
         let id = format!("{pid}x{n}");
@@ -427,7 +440,7 @@ impl Drop for Topology {
             let _ = sh("ip", &["netns", "del", &c.netns]);
         }
         let _ = sh("ip", &["netns", "del", &self.client]);
-        let _ = dataplane_agent::bpf::loader::uninstall(&self.pin_dir);
+        uninstall_tree(&self.pin_dir);
         let _ = fs::remove_dir_all(&self.dir);
     }
 }

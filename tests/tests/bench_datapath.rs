@@ -1,11 +1,13 @@
-//! The datapath bench end to end (root only): every mode moves real connections, and the VIP
-//! modes reach the backends behind the VIPs. Also checks that the generated kube-proxy-shaped
-//! rules load into a throwaway namespace. `Topology` (inside `run`) holds the SERIAL lock.
+//! The datapath bench end to end (root only): every mode moves real TCP connections and UDP
+//! exchanges, the VIP modes reach the backends behind the VIPs, and every socket-LB program's
+//! cost is measured next to its do-nothing twin. Also checks that the generated
+//! kube-proxy-shaped rules load into a throwaway namespace. `Topology` (inside `run`) holds the
+//! SERIAL lock.
 
 use std::{net::Ipv4Addr, net::SocketAddrV4, process::Command, time::Duration};
 
 use tests::{
-    bench::datapath::{self, DatapathOptions, Mode, rules},
+    bench::datapath::{self, DatapathOptions, Mode, Proto, rules},
     netns::{Topology, sh},
     require_root,
 };
@@ -16,6 +18,7 @@ fn every_mode_moves_connections_to_the_backends_behind_the_vips() {
     let work = tempfile::tempdir().unwrap();
     let opts = DatapathOptions {
         services: vec![1, 100],
+        protos: vec![Proto::Tcp, Proto::Udp],
         modes: Mode::ALL.to_vec(),
         duration: Duration::from_secs(1),
         threads: 2,
@@ -24,9 +27,9 @@ fn every_mode_moves_connections_to_the_backends_behind_the_vips() {
         install_budget: Duration::from_secs(300),
     };
     let report = datapath::run(&opts).unwrap();
-    assert_eq!(report.throughput.len(), 8);
+    assert_eq!(report.throughput.len(), 16);
     for t in &report.throughput {
-        let what = format!("{} N={}: {t:?}", t.mode, t.services);
+        let what = format!("{} {} N={}: {t:?}", t.mode, t.proto, t.services);
         assert!(t.connections > 0, "{what}");
         assert_eq!(t.skipped, None, "{what}");
         assert_eq!(t.failures, 0, "{what}");
@@ -51,6 +54,42 @@ fn every_mode_moves_connections_to_the_backends_behind_the_vips() {
         ["10.99.1.10:8080", "10.99.1.11:8080"],
         "N=1 reaches only its service's two endpoints"
     );
+    let udp = &report.throughput[4];
+    assert_eq!(
+        (udp.mode, udp.proto, udp.services),
+        (Mode::SocketLb, Proto::Udp, 1)
+    );
+    assert_eq!(
+        udp.expected_backends,
+        ["10.99.1.10:8053", "10.99.1.11:8053"],
+        "UDP goes to the UDP servers"
+    );
+    // Every program ran on its calls, next to its do-nothing twin, at both N.
+    for n in [1, 100] {
+        let hooks: Vec<(&str, &str)> = report
+            .hooks
+            .iter()
+            .filter(|h| h.services == n)
+            .map(|h| (h.hook.as_str(), h.calls_on.as_str()))
+            .collect();
+        assert_eq!(
+            hooks,
+            [
+                ("connect4", "TCP connects to VIPs"),
+                ("connect6", "TCP connects to IPv6 VIPs"),
+                ("connect4", "TCP connects to addresses that are not VIPs"),
+                ("sendmsg4", "UDP datagrams sent to VIPs (unconnected)"),
+                ("recvmsg4", "UDP replies received from VIPs"),
+            ],
+            "N={n}"
+        );
+    }
+    for h in &report.hooks {
+        assert!(
+            h.calls > 0 && h.ns_per_call > 0.0 && h.floor_ns_per_call > 0.0,
+            "{h:?}"
+        );
+    }
     let changes: Vec<_> = report
         .change
         .iter()
@@ -104,11 +143,11 @@ fn generated_rules_load_in_a_throwaway_namespace() {
     let backends: Vec<SocketAddrV4> = (10..14)
         .map(|h| SocketAddrV4::new(Ipv4Addr::new(10, 99, 1, h), 8080))
         .collect();
-    let mut svcs = rules::services(2, &backends);
+    let mut svcs = rules::services(2, &backends, Proto::Tcp);
     let old = svcs[0].endpoints.clone();
     svcs[0].endpoints[0] = backends[3];
 
-    let full = rules::iptables_full(&rules::services(2, &backends));
+    let full = rules::iptables_full(&rules::services(2, &backends, Proto::Tcp));
     in_ns(ns, "iptables-restore", &["--test"], &full).unwrap();
     in_ns(ns, "iptables-restore", &[], &full).unwrap();
     let change = rules::iptables_change(&svcs, &svcs[0], &old);
@@ -128,7 +167,7 @@ fn generated_rules_load_in_a_throwaway_namespace() {
     // Leave no iptables-nft tables behind for the nft part.
     sh("ip", &["netns", "exec", ns, "nft", "flush", "ruleset"]).unwrap();
 
-    let full = rules::nft_full(&rules::services(2, &backends));
+    let full = rules::nft_full(&rules::services(2, &backends, Proto::Tcp));
     in_ns(ns, "nft", &["-c", "-f", "-"], &full).unwrap();
     in_ns(ns, "nft", &["-f", "-"], &full).unwrap();
     // Installing again replaces the table instead of failing or doubling it.

@@ -37,6 +37,20 @@ fn start_node(topo: &Topology, input: &Path, extra: &[&str]) -> Agent {
     Agent::start(topo, &args).expect("start agent")
 }
 
+/// Starts the agent on a fixture and waits until the maps hold its `frontends` entries.
+fn node_on(topo: &Topology, fixture: &str, frontends: usize) -> Agent {
+    let input = input_dir(topo, fixture);
+    let mut agent = start_node(topo, &input, &[]);
+    agent
+        .wait_for(
+            &format!("the {fixture} fixture in the maps"),
+            SYNC_TIMEOUT,
+            |i| i.frontends.len() == frontends,
+        )
+        .unwrap();
+    agent
+}
+
 fn clusters(attempts: &[Attempt]) -> BTreeSet<String> {
     by_cluster(attempts).into_keys().collect()
 }
@@ -55,20 +69,7 @@ fn all_ok(attempts: &[Attempt]) -> bool {
 #[test]
 fn ports_reach_only_clusters_that_declare_them() {
     require_root!();
-    let mut topo = Topology::new(&["a", "b"]).unwrap();
-    for c in ["a", "b"] {
-        for h in [10, 11] {
-            topo.start_backend(c, h, &["tcp:8080", "tcp:9090", "tcp:8042", "udp:5353"])
-                .unwrap();
-        }
-    }
-    let input = input_dir(&topo, "ports");
-    let mut agent = start_node(&topo, &input, &[]);
-    agent
-        .wait_for("the ports fixture in the maps", SYNC_TIMEOUT, |i| {
-            i.frontends.len() == 9
-        })
-        .unwrap();
+    let (topo, _agent) = ports_topology();
 
     let http = topo
         .probe("tcp", "241.0.0.10:80", &["--count", "200"])
@@ -132,13 +133,7 @@ fn each_family_reaches_only_clusters_of_that_family() {
     for c in ["a", "b", "c"] {
         topo.start_backend(c, 10, &["tcp:8080"]).unwrap();
     }
-    let input = input_dir(&topo, "dualstack");
-    let mut agent = start_node(&topo, &input, &[]);
-    agent
-        .wait_for("the dual-stack fixture", SYNC_TIMEOUT, |i| {
-            i.frontends.len() == 4
-        })
-        .unwrap();
+    let _agent = node_on(&topo, "dualstack", 4);
 
     let v4 = topo
         .probe("tcp", "241.0.0.30:80", &["--count", "100"])
@@ -174,13 +169,7 @@ fn undeclared_ports_and_empty_frontends_are_refused() {
     let mut topo = Topology::new(&["a"]).unwrap();
     topo.start_backend("a", 10, &["tcp:8080", "udp:5353"])
         .unwrap();
-    let input = input_dir(&topo, "refuse");
-    let mut agent = start_node(&topo, &input, &[]);
-    agent
-        .wait_for("the refuse fixture", SYNC_TIMEOUT, |i| {
-            i.frontends.len() == 7
-        })
-        .unwrap();
+    let _agent = node_on(&topo, "refuse", 7);
 
     let ok = topo.probe("tcp", "241.0.0.10:80", &[]).unwrap();
     assert!(all_ok(&ok));
@@ -217,19 +206,7 @@ fn undeclared_ports_and_empty_frontends_are_refused() {
 #[test]
 fn udp_replies_come_from_the_vip() {
     require_root!();
-    let mut topo = Topology::new(&["a", "b"]).unwrap();
-    for c in ["a", "b"] {
-        for h in [10, 11] {
-            topo.start_backend(c, h, &["tcp:8080", "udp:5353"]).unwrap();
-        }
-    }
-    let input = input_dir(&topo, "ports");
-    let mut agent = start_node(&topo, &input, &[]);
-    agent
-        .wait_for("the ports fixture", SYNC_TIMEOUT, |i| {
-            frontend(i, "241.0.0.10", 53, "UDP").is_some()
-        })
-        .unwrap();
+    let (topo, _agent) = ports_topology();
 
     let unconnected = topo
         .probe("udp", "241.0.0.10:53", &["--count", "100"])
@@ -263,6 +240,111 @@ fn udp_replies_come_from_the_vip() {
     );
 }
 
+/// Starts four backends (a and b, hosts 10 and 11) on every port of the `ports` fixture and the
+/// agent on it, and waits for its 9 frontends.
+fn ports_topology() -> (Topology, Agent) {
+    let mut topo = Topology::new(&["a", "b"]).unwrap();
+    for c in ["a", "b"] {
+        for h in [10, 11] {
+            topo.start_backend(c, h, &["tcp:8080", "tcp:9090", "tcp:8042", "udp:5353"])
+                .unwrap();
+        }
+    }
+    let agent = node_on(&topo, "ports", 9);
+    (topo, agent)
+}
+
+/// Dual-stack sockets (AF_INET6, as Java and .NET open them) reach an IPv4 VIP through its
+/// IPv4-mapped address `::ffff:241.0.0.10`: balanced over the same backends, refused on an
+/// undeclared port, getpeername reports the mapped VIP, and UDP replies come from it.
+#[test]
+fn v4_mapped_destinations_of_dual_stack_sockets_are_load_balanced() {
+    require_root!();
+    let (topo, _agent) = ports_topology();
+
+    let tcp = topo
+        .probe("tcp", "[::ffff:241.0.0.10]:80", &["--count", "100"])
+        .unwrap();
+    assert!(all_ok(&tcp), "{:?}", by_cluster(&tcp));
+    assert_eq!(clusters(&tcp), set(&["a", "b"]));
+    assert_eq!(by_backend(&tcp).len(), 4, "{:?}", by_backend(&tcp));
+    assert!(
+        tcp.iter()
+            .all(|a| a.peer.as_deref() == Some("[::ffff:241.0.0.10]:80")),
+        "getpeername must report the mapped VIP: {:?}",
+        tcp.iter().map(|a| a.peer.clone()).collect::<BTreeSet<_>>()
+    );
+    assert!(
+        tcp.iter()
+            .all(|a| a.reply.as_deref().unwrap().contains(" 10.99.")),
+        "the backends were reached over IPv4"
+    );
+
+    let refused = topo
+        .probe("tcp", "[::ffff:241.0.0.10]:81", &["--count", "3"])
+        .unwrap();
+    assert!(
+        refused
+            .iter()
+            .all(|a| !a.ok && a.errno == Some(libc::ECONNREFUSED)),
+        "{refused:?}"
+    );
+
+    for mode in ["udp", "udp-connected"] {
+        let udp = topo
+            .probe(mode, "[::ffff:241.0.0.10]:53", &["--count", "40"])
+            .unwrap();
+        assert!(all_ok(&udp), "{mode}: {udp:?}");
+        assert_eq!(clusters(&udp), set(&["a", "b"]), "{mode}");
+        assert!(
+            udp.iter()
+                .all(|a| a.from.as_deref() == Some("[::ffff:241.0.0.10]:53")),
+            "{mode}: replies must come from the mapped VIP: {:?}",
+            udp.iter().map(|a| a.from.clone()).collect::<BTreeSet<_>>()
+        );
+        if mode == "udp-connected" {
+            assert!(
+                udp.iter()
+                    .all(|a| a.peer.as_deref() == Some("[::ffff:241.0.0.10]:53"))
+            );
+        }
+    }
+
+    let i = inspect(&topo.pin_dir).unwrap();
+    assert_eq!(
+        frontend(&i, "241.0.0.10", 80, "TCP").unwrap().translations,
+        100
+    );
+    assert_eq!(frontend(&i, "241.0.0.10", 0, "*").unwrap().rejects, 3);
+    assert_eq!(
+        frontend(&i, "241.0.0.10", 53, "UDP").unwrap().translations,
+        80
+    );
+}
+
+/// Unconnected UDP picks the backend by socket: every datagram of one socket reaches the same
+/// backend (a handshake that spans datagrams stays whole), over IPv4 and IPv4-mapped IPv6;
+/// sockets spread over all the backends.
+#[test]
+fn unconnected_udp_sticks_to_one_backend_per_socket() {
+    require_root!();
+    let (topo, _agent) = ports_topology();
+    for addr in ["241.0.0.10:53", "[::ffff:241.0.0.10]:53"] {
+        for _ in 0..3 {
+            let one = topo
+                .probe("udp", addr, &["--count", "50", "--one-socket"])
+                .unwrap();
+            assert!(all_ok(&one), "{one:?}");
+            assert_eq!(by_backend(&one).len(), 1, "{addr}: {:?}", by_backend(&one));
+        }
+    }
+    let many = topo
+        .probe("udp", "241.0.0.10:53", &["--count", "200"])
+        .unwrap();
+    assert!(all_ok(&many));
+    assert_eq!(by_backend(&many).len(), 4, "{:?}", by_backend(&many));
+}
+
 /// 6: with ClientIP affinity, 50 connects from one namespace hit one backend; without it
 /// they spread over the backends.
 #[test]
@@ -272,13 +354,7 @@ fn client_ip_affinity_sticks_and_no_affinity_spreads() {
     for h in 10..=13 {
         topo.start_backend("a", h, &["tcp:8080"]).unwrap();
     }
-    let input = input_dir(&topo, "affinity");
-    let mut agent = start_node(&topo, &input, &[]);
-    agent
-        .wait_for("the affinity fixture", SYNC_TIMEOUT, |i| {
-            i.frontends.len() == 4
-        })
-        .unwrap();
+    let _agent = node_on(&topo, "affinity", 4);
 
     let sticky = topo
         .probe("tcp", "241.0.0.50:80", &["--count", "50"])
@@ -553,7 +629,8 @@ fn now_us() -> u64 {
 }
 
 /// 9: a full map refuses the service that does not fit, with a clear error, and the services
-/// already installed keep working.
+/// already installed keep working. The refused service's VIP refuses connects (its wildcard
+/// entry is written): it never passes through unrouted.
 #[test]
 fn a_full_map_refuses_one_service_and_keeps_the_others() {
     require_root!();
@@ -563,20 +640,20 @@ fn a_full_map_refuses_one_service_and_keeps_the_others() {
             .unwrap();
     }
     let input = input_dir(&topo, "capacity");
-    let mut agent = start_node(&topo, &input, &["--max-backends", "4"]);
+    let mut agent = start_node(&topo, &input, &["--max-slots", "4"]);
     agent
         .wait_for("service a", SYNC_TIMEOUT, |i| {
             frontend(i, "241.0.0.60", 80, "TCP").is_some_and(|f| f.backends.len() == 2)
         })
         .unwrap();
     let deadline = Instant::now() + SYNC_TIMEOUT;
-    while !agent.log_text().contains("is full") && Instant::now() < deadline {
+    while !agent.log_text().contains("free slots") && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     let log = agent.log_text();
     assert!(
         log.contains(
-            "MCS_BACKENDS is full: service demo/b needs 3 new entries but only 2 of 4 are free"
+            "MCS_SLOTS has no run of 3 free slots for service demo/b (the longest is 2; 2 of 4 are free)"
         ),
         "{log}"
     );
@@ -587,14 +664,158 @@ fn a_full_map_refuses_one_service_and_keeps_the_others() {
     let i = inspect(&topo.pin_dir).unwrap();
     assert!(
         frontend(&i, "241.0.0.61", 80, "TCP").is_none(),
-        "b was refused whole"
+        "b's port was not written"
     );
     assert!(
-        frontend(&i, "241.0.0.61", 0, "*").is_none(),
-        "including its wildcard"
+        frontend(&i, "241.0.0.61", 0, "*").is_some(),
+        "but its VIP's refusing wildcard was"
     );
-    // b is not installed, so its VIP is an unknown address: untouched and unroutable here.
-    let b = topo.probe("tcp", "241.0.0.61:80", &[]).unwrap();
-    assert_eq!(b[0].errno, Some(libc::ENETUNREACH));
+    // b's VIP is known and refused at once; it is never dialled unrouted.
+    let b = topo
+        .probe("tcp", "241.0.0.61:80", &["--count", "3"])
+        .unwrap();
+    assert!(
+        b.iter()
+            .all(|a| !a.ok && a.errno == Some(libc::ECONNREFUSED)),
+        "{b:?}"
+    );
     assert!(agent.running(), "the agent keeps running");
+}
+
+/// Two agents never share a pin directory: the second one stops with a clear error (the first
+/// holds the directory's lock), and the first keeps serving.
+#[test]
+fn a_second_agent_on_the_same_pin_directory_is_refused() {
+    require_root!();
+    let mut topo = Topology::new(&["a"]).unwrap();
+    topo.start_backend("a", 10, &["tcp:8080", "udp:5353"])
+        .unwrap();
+    let _first = node_on(&topo, "refuse", 7);
+    let mut second = start_node(&topo, &topo.dir.join("input"), &[]);
+    let deadline = Instant::now() + SYNC_TIMEOUT;
+    while second.running() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!second.running(), "the second agent must stop");
+    let log = second.log_text();
+    assert!(log.contains("is in use by another agent"), "{log}");
+    let ok = topo
+        .probe("tcp", "241.0.0.10:80", &["--count", "5"])
+        .unwrap();
+    assert!(all_ok(&ok), "{ok:?}");
+}
+
+/// The programs attached to the topology's cgroup, by name (bpftool's view).
+fn attached(topo: &Topology) -> BTreeMap<String, usize> {
+    let json = tests::netns::sh(
+        "bpftool",
+        &["-j", "cgroup", "show", topo.cgroup.to_str().unwrap()],
+    )
+    .unwrap();
+    let progs: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap_or_default();
+    let mut out = BTreeMap::new();
+    for p in progs {
+        if let Some(name) = p["name"].as_str() {
+            *out.entry(name.to_owned()).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// After a layout version bump the new agent detaches the links of older versions (which,
+/// attached first, would keep translating from frozen maps) and removes their pins.
+#[test]
+fn an_upgrade_detaches_the_links_of_older_layout_versions() {
+    require_root!();
+    let mut topo = Topology::new(&["a"]).unwrap();
+    topo.start_backend("a", 10, &["tcp:8080", "udp:5353"])
+        .unwrap();
+    let input = input_dir(&topo, "refuse");
+    let input = input.to_str().unwrap();
+    std::fs::create_dir_all(&topo.pin_dir).unwrap();
+    let old_dir = topo.pin_dir.join("v1");
+    let new_dir = topo
+        .pin_dir
+        .join(format!("v{}", dataplane_ebpf::PIN_VERSION));
+    assert_ne!(old_dir, new_dir);
+    let args = ["node", "--from-dir", input];
+    let mut old = Agent::start_in(&topo, &old_dir, &args, &[]).unwrap();
+    old.wait_for("the old layout's agent", SYNC_TIMEOUT, |i| {
+        i.frontends.len() == 7
+    })
+    .unwrap();
+    old.kill(libc::SIGKILL);
+    assert_eq!(attached(&topo).get("connect4"), Some(&1));
+
+    let mut new = Agent::start_in(&topo, &new_dir, &args, &[]).unwrap();
+    new.wait_for("the new layout's agent", SYNC_TIMEOUT, |i| {
+        i.frontends.len() == 7
+    })
+    .unwrap();
+    let log = new.log_text();
+    assert!(
+        log.contains("detached the links of older layout versions"),
+        "{log}"
+    );
+    assert!(!old_dir.exists(), "the old layout's pins are gone");
+    let progs = attached(&topo);
+    assert_eq!(progs.get("connect4"), Some(&1), "{progs:?}");
+    assert_eq!(progs.values().sum::<usize>(), 8, "{progs:?}");
+    let ok = topo
+        .probe("tcp", "241.0.0.10:80", &["--count", "5"])
+        .unwrap();
+    assert!(all_ok(&ok), "{ok:?}");
+}
+
+/// A restarted agent adopts pinned links only when their programs use the pinned maps. With a
+/// map pin removed (its map recreated), it attaches programs that use the new map, and traffic
+/// follows what it writes.
+#[test]
+fn adoption_reattaches_when_a_map_pin_was_removed() {
+    require_root!();
+    let mut topo = Topology::new(&["a"]).unwrap();
+    for h in [10, 20] {
+        topo.start_backend("a", h, &["tcp:8080"]).unwrap();
+    }
+    let input = topo
+        .write_fixture("input", "churn.yaml", &churn_yaml(&[10]))
+        .unwrap();
+    let one = |host: &'static str| {
+        move |i: &dataplane_agent::bpf::inspect::Inspection| {
+            frontend(i, "241.0.0.70", 80, "TCP")
+                .is_some_and(|f| f.backends.len() == 1 && f.backends[0].ip == host)
+        }
+    };
+    let mut first = start_node(&topo, &input, &[]);
+    first
+        .wait_for("the churn service", SYNC_TIMEOUT, one("10.99.1.10"))
+        .unwrap();
+    first.kill(libc::SIGKILL);
+    std::fs::remove_file(topo.pin_dir.join("maps").join("MCS_SLOTS")).unwrap();
+
+    let mut second = start_node(&topo, &input, &[]);
+    second
+        .wait_for(
+            "the restarted agent's sync",
+            SYNC_TIMEOUT,
+            one("10.99.1.10"),
+        )
+        .unwrap();
+    let log = second.log_text();
+    assert!(log.contains("attached the socket-LB programs"), "{log}");
+    assert!(!log.contains("adopted the pinned programs"), "{log}");
+    topo.write_fixture("input", "churn.yaml", &churn_yaml(&[20]))
+        .unwrap();
+    second
+        .wait_for("the new backend", SYNC_TIMEOUT, one("10.99.1.20"))
+        .unwrap();
+    let after = topo
+        .probe("tcp", "241.0.0.70:80", &["--count", "20"])
+        .unwrap();
+    assert!(all_ok(&after), "{after:?}");
+    assert_eq!(
+        by_backend(&after).into_keys().collect::<Vec<_>>(),
+        ["a/10.99.1.20"],
+        "the programs read the maps the agent writes"
+    );
 }

@@ -6,7 +6,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use dataplane_core::lb::Protocol;
-use dataplane_ebpf::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, NAME_LEN};
+use dataplane_ebpf::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP};
 
 /// The IP protocol number the maps key a protocol by.
 pub fn ip_proto(protocol: Protocol) -> u8 {
@@ -75,16 +75,21 @@ pub fn addr_from_words(words: [u32; 4], family: u8) -> Option<IpAddr> {
     }
 }
 
-/// A name, NUL-padded (and cut at [`NAME_LEN`] - 1 bytes, which Kubernetes names never reach).
-pub fn name_bytes(s: &str) -> [u8; NAME_LEN] {
-    let mut out = [0u8; NAME_LEN];
-    let n = s.len().min(NAME_LEN - 1);
+/// A name, NUL-padded in `N` bytes. Every name the maps hold fits whole (the fields are sized
+/// for Kubernetes' limits: 63 bytes for labels, 253 for object names); a longer one (which
+/// Kubernetes refuses) is cut at a character boundary, never mid-character.
+pub fn name_bytes<const N: usize>(s: &str) -> [u8; N] {
+    let mut out = [0u8; N];
+    let mut n = s.len().min(N.saturating_sub(1));
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
     out[..n].copy_from_slice(&s.as_bytes()[..n]);
     out
 }
 
-pub fn name_from_bytes(b: &[u8; NAME_LEN]) -> String {
-    let end = b.iter().position(|c| *c == 0).unwrap_or(NAME_LEN);
+pub fn name_from_bytes(b: &[u8]) -> String {
+    let end = b.iter().position(|c| *c == 0).unwrap_or(b.len());
     String::from_utf8_lossy(&b[..end]).into_owned()
 }
 
@@ -104,9 +109,14 @@ mod tests {
     }
 
     #[test]
-    fn names_round_trip_and_never_overflow() {
-        assert_eq!(name_from_bytes(&name_bytes("web")), "web");
-        let long = "x".repeat(100);
-        assert_eq!(name_from_bytes(&name_bytes(&long)).len(), NAME_LEN - 1);
+    fn names_round_trip_whole_and_never_overflow() {
+        use dataplane_ebpf::{LABEL_LEN, NAME_LEN};
+        assert_eq!(name_from_bytes(&name_bytes::<LABEL_LEN>("web")), "web");
+        // A ServiceImport name may be 253 bytes: kept whole.
+        let long = "x".repeat(253);
+        assert_eq!(name_from_bytes(&name_bytes::<NAME_LEN>(&long)), long);
+        let too_long = "é".repeat(200);
+        let cut = name_from_bytes(&name_bytes::<LABEL_LEN>(&too_long));
+        assert_eq!(cut, "é".repeat(31), "cut at a character boundary");
     }
 }

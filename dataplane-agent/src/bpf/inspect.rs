@@ -5,10 +5,10 @@ use std::{fmt::Write as _, path::Path};
 use serde::Serialize;
 
 use super::{
+    desired::{FeAddr, read_back},
     kernel::KernelMaps,
     loader::{LoadError, PROGRAMS},
     maps::MapContents,
-    sync::{FeAddr, read_back},
 };
 
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -77,7 +77,7 @@ pub fn rows(contents: &MapContents) -> Vec<FrontendRow> {
         let Some(addr) = FeAddr::from_key(&key) else {
             continue;
         };
-        let Some(d) = decoded.get(&addr) else {
+        let Some((service, d)) = decoded.get(&addr) else {
             continue;
         };
         let (port, protocol) = match addr {
@@ -88,14 +88,14 @@ pub fn rows(contents: &MapContents) -> Vec<FrontendRow> {
         rows.push((
             addr,
             FrontendRow {
-                namespace: d.service.namespace.to_string(),
-                name: d.service.name.to_string(),
+                namespace: service.namespace.to_string(),
+                name: service.name.to_string(),
                 port_name: d.port_name.clone(),
                 ip: addr.ip().to_string(),
                 port,
                 dns_names: dataplane_core::model::dns::service_port_names(
-                    &d.service.namespace,
-                    &d.service.name,
+                    &service.namespace,
+                    &service.name,
                     &d.port_name,
                     &protocol,
                 ),
@@ -131,6 +131,26 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, LoadError> {
     }
     let maps = KernelMaps::open_pinned(&maps_dir)?;
     let contents = maps.read_all()?;
+    let links = links(pin_dir);
+    Ok(Inspection {
+        pin_dir: pin_dir.display().to_string(),
+        maps: maps
+            .ids
+            .iter()
+            .map(|(name, id)| MapSummary {
+                name: (*name).to_owned(),
+                id: *id,
+                pin: maps_dir.join(name).display().to_string(),
+            })
+            .collect(),
+        links,
+        frontends: rows(&contents),
+    })
+}
+
+/// The pinned links under `pin_dir` (every cgroup's) and the programs they run. Cheap: it
+/// reads no map.
+pub fn links(pin_dir: &Path) -> Vec<LinkSummary> {
     let mut links = Vec::new();
     for dir in std::fs::read_dir(pin_dir.join("links"))
         .into_iter()
@@ -155,20 +175,7 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, LoadError> {
             });
         }
     }
-    Ok(Inspection {
-        pin_dir: pin_dir.display().to_string(),
-        maps: maps
-            .ids
-            .iter()
-            .map(|(name, id)| MapSummary {
-                name: (*name).to_owned(),
-                id: *id,
-                pin: maps_dir.join(name).display().to_string(),
-            })
-            .collect(),
-        links,
-        frontends: rows(&contents),
-    })
+    links
 }
 
 /// `IP:PORT/PROTO`, `[IPv6]:PORT/PROTO`, or `IP:*` for the per-VIP entry.

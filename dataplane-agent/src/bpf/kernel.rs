@@ -1,14 +1,23 @@
-//! The kernel maps behind [`MapWriter`]: typed aya handles on the pinned maps.
+//! The kernel maps behind [`MapWriter`]: typed aya handles on the pinned maps, with batched
+//! writes ([`super::sys`]) for runs of updates of one map.
 
-use std::path::Path;
+use std::{collections::BTreeMap, os::fd::AsFd as _, path::Path};
 
-use aya::maps::{HashMap, Map, MapData, MapError, PerCpuHashMap, PerCpuValues};
+use aya::maps::{
+    Array, HashMap, IterableMap as _, Map, MapData, MapError, PerCpuArray, PerCpuValues,
+};
 use dataplane_ebpf::{
-    AffinityMatchKey, Backend, ClusterName, Counters, Frontend, FrontendKey4, FrontendKey6,
-    FrontendName, Slot, SlotKey, map_names,
+    AffinityMatchKey, ClusterName, Counters, Frontend, FrontendKey4, FrontendKey6, FrontendName,
+    Slot, map_names,
 };
 
-use super::maps::{Capacities, FeKey, MapContents, MapKind, MapOp, MapWriteError, MapWriter};
+use super::{
+    maps::{Capacities, FeKey, MapContents, MapKind, MapOp, MapWriteError, MapWriter},
+    sys::{self as batch, Elems, bytes_of},
+};
+
+/// Entries one batch syscall carries at most.
+const BATCH_MAX: usize = 8192;
 
 /// Errors opening or reading the pinned maps.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +40,12 @@ pub enum KernelMapError {
         #[source]
         source: MapError,
     },
+    #[error("reading map {name}: {source}")]
+    ReadSlots {
+        name: &'static str,
+        #[source]
+        source: MapWriteError,
+    },
     #[error("cannot count CPUs: {0}")]
     Cpus(String),
 }
@@ -39,16 +54,17 @@ pub enum KernelMapError {
 pub struct KernelMaps {
     fe4: HashMap<MapData, FrontendKey4, Frontend>,
     fe6: HashMap<MapData, FrontendKey6, Frontend>,
-    slots: HashMap<MapData, SlotKey, Slot>,
-    backends: HashMap<MapData, u32, Backend>,
+    slots: Array<MapData, Slot>,
     affinity_match: HashMap<MapData, AffinityMatchKey, u32>,
-    counters: PerCpuHashMap<MapData, u32, Counters>,
+    counters: PerCpuArray<MapData, Counters>,
     names: HashMap<MapData, u32, FrontendName>,
     clusters: HashMap<MapData, u32, ClusterName>,
     nr_cpus: usize,
     capacities: Capacities,
     /// Kernel ids of the maps, by name, for `inspect` and restart checks.
     pub ids: Vec<(&'static str, u32)>,
+    /// The pin directory's lock, held by the agent that writes the maps.
+    lock: Option<std::os::fd::OwnedFd>,
 }
 
 fn open(dir: &Path, name: &'static str) -> Result<Map, KernelMapError> {
@@ -67,20 +83,61 @@ fn typed<T: TryFrom<Map, Error = MapError>>(
     T::try_from(map).map_err(|source| KernelMapError::Layout { name, source })
 }
 
+fn map_data(map: &Map) -> Option<&MapData> {
+    match map {
+        Map::HashMap(d)
+        | Map::PerCpuHashMap(d)
+        | Map::LruHashMap(d)
+        | Map::Array(d)
+        | Map::PerCpuArray(d)
+        | Map::SkStorage(d) => Some(d),
+        _ => None,
+    }
+}
+
 fn max_entries(map: &Map) -> u32 {
-    let data = match map {
-        Map::HashMap(d) | Map::PerCpuHashMap(d) | Map::LruHashMap(d) => d,
-        _ => return 0,
-    };
-    data.info().map(|i| i.max_entries()).unwrap_or(0)
+    map_data(map)
+        .and_then(|d| d.info().ok())
+        .map_or(0, |i| i.max_entries())
 }
 
 fn map_id(map: &Map) -> u32 {
-    let data = match map {
-        Map::HashMap(d) | Map::PerCpuHashMap(d) | Map::LruHashMap(d) => d,
-        _ => return 0,
-    };
-    data.info().map(|i| i.id()).unwrap_or(0)
+    map_data(map)
+        .and_then(|d| d.info().ok())
+        .map_or(0, |i| i.id())
+}
+
+fn syscall_error(map: MapKind, call: &str, e: std::io::Error) -> MapWriteError {
+    let errno = e.raw_os_error();
+    let detail = format!("{call} failed: {e}");
+    MapWriteError {
+        map,
+        errno,
+        message: match errno {
+            Some(libc::E2BIG) => format!("map is full ({detail})"),
+            _ => detail,
+        },
+    }
+}
+
+fn write_error(map: MapKind, e: MapError) -> MapWriteError {
+    match e {
+        MapError::SyscallError(s) => syscall_error(map, s.call, s.io_error),
+        other => MapWriteError {
+            map,
+            errno: None,
+            message: other.to_string(),
+        },
+    }
+}
+
+/// A delete of an absent key is a success: deletes are idempotent.
+fn absent_ok(r: Result<(), MapError>) -> Result<(), MapError> {
+    match r {
+        Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        Err(MapError::KeyNotFound | MapError::ElementNotFound) => Ok(()),
+        other => other,
+    }
 }
 
 impl KernelMaps {
@@ -94,11 +151,9 @@ impl KernelMaps {
         }
         let fe4 = open(maps_dir, map_names::FRONTENDS4)?;
         let slots = open(maps_dir, map_names::SLOTS)?;
-        let backends = open(maps_dir, map_names::BACKENDS)?;
         let clusters = open(maps_dir, map_names::CLUSTER_NAMES)?;
         let capacities = Capacities {
             frontends: max_entries(&fe4),
-            backends: max_entries(&backends),
             slots: max_entries(&slots),
             clusters: max_entries(&clusters),
         };
@@ -111,7 +166,6 @@ impl KernelMaps {
                 map_names::FRONTENDS6,
             )?,
             slots: typed(slots, map_names::SLOTS)?,
-            backends: typed(backends, map_names::BACKENDS)?,
             affinity_match: typed(
                 open(maps_dir, map_names::AFFINITY_MATCH)?,
                 map_names::AFFINITY_MATCH,
@@ -125,7 +179,13 @@ impl KernelMaps {
             nr_cpus,
             capacities,
             ids,
+            lock: None,
         })
+    }
+
+    /// Keeps the pin directory's lock for as long as these maps are written.
+    pub fn hold_lock(&mut self, lock: std::os::fd::OwnedFd) {
+        self.lock = Some(lock);
     }
 
     /// The maps' `max_entries`, as created (an adopted map keeps the size it was created with).
@@ -152,13 +212,14 @@ impl KernelMaps {
         }
     }
 
-    /// Reads every map. Entries that vanish while iterating are skipped.
-    pub fn read_all(&self) -> Result<MapContents, KernelMapError> {
+    /// Reads every map but the slot array and the counters (what adoption needs; the slots
+    /// are read per frontend). Entries that vanish while iterating are skipped.
+    pub fn read_entries(&self) -> Result<MapContents, KernelMapError> {
         fn collect<K: aya::Pod + Ord, V: aya::Pod>(
             map: &HashMap<MapData, K, V>,
             name: &'static str,
-        ) -> Result<std::collections::BTreeMap<K, V>, KernelMapError> {
-            let mut out = std::collections::BTreeMap::new();
+        ) -> Result<BTreeMap<K, V>, KernelMapError> {
+            let mut out = BTreeMap::new();
             for kv in map.iter() {
                 match kv {
                     Ok((k, v)) => {
@@ -170,18 +231,37 @@ impl KernelMaps {
             }
             Ok(out)
         }
-        let mut counters = std::collections::BTreeMap::new();
-        for kv in self.counters.iter() {
-            match kv {
-                Ok((k, per_cpu)) => {
-                    let mut sum = Counters::default();
-                    for c in per_cpu.iter() {
-                        sum.translations += c.translations;
-                        sum.affinity_hits += c.affinity_hits;
-                        sum.rejects += c.rejects;
-                    }
-                    counters.insert(k, sum);
+        Ok(MapContents {
+            frontends4: collect(&self.fe4, map_names::FRONTENDS4)?,
+            frontends6: collect(&self.fe6, map_names::FRONTENDS6)?,
+            slots: BTreeMap::new(),
+            affinity_match: collect(&self.affinity_match, map_names::AFFINITY_MATCH)?
+                .into_keys()
+                .collect(),
+            counters: BTreeMap::new(),
+            names: collect(&self.names, map_names::FRONTEND_NAMES)?,
+            clusters: collect(&self.clusters, map_names::CLUSTER_NAMES)?,
+        })
+    }
+
+    /// Reads every map: the entries, each frontend's slots and counters (summed over CPUs).
+    pub fn read_all(&self) -> Result<MapContents, KernelMapError> {
+        let mut contents = self.read_entries()?;
+        let fes: Vec<Frontend> = contents.frontends().map(|(_, f)| *f).collect();
+        for fe in fes {
+            let slots =
+                self.read_slots(fe.base, fe.count)
+                    .map_err(|source| KernelMapError::ReadSlots {
+                        name: map_names::SLOTS,
+                        source,
+                    })?;
+            for (i, slot) in (fe.base..).zip(slots) {
+                if slot.frontend_id != 0 {
+                    contents.slots.insert(i, slot);
                 }
+            }
+            let per_cpu = match self.counters.get(&fe.id, 0) {
+                Ok(v) => v,
                 Err(MapError::KeyNotFound) => continue,
                 Err(source) => {
                     return Err(KernelMapError::Read {
@@ -189,53 +269,102 @@ impl KernelMaps {
                         source,
                     });
                 }
+            };
+            let mut sum = Counters::default();
+            for c in per_cpu.iter() {
+                sum.translations += c.translations;
+                sum.affinity_hits += c.affinity_hits;
+                sum.rejects += c.rejects;
+            }
+            if sum != Counters::default() {
+                contents.counters.insert(fe.id, sum);
             }
         }
-        Ok(MapContents {
-            frontends4: collect(&self.fe4, map_names::FRONTENDS4)?,
-            frontends6: collect(&self.fe6, map_names::FRONTENDS6)?,
-            slots: collect(&self.slots, map_names::SLOTS)?
-                .into_iter()
-                .map(|(k, v)| (k, v.backend_id))
-                .collect(),
-            backends: collect(&self.backends, map_names::BACKENDS)?,
-            affinity_match: collect(&self.affinity_match, map_names::AFFINITY_MATCH)?
-                .into_keys()
-                .collect(),
-            counters,
-            names: collect(&self.names, map_names::FRONTEND_NAMES)?,
-            clusters: collect(&self.clusters, map_names::CLUSTER_NAMES)?,
-        })
+        Ok(contents)
+    }
+
+    /// Applies a run of updates of one map (`ops[..n]`, all of `ops[0]`'s kind and batchable)
+    /// in batch syscalls. Returns how many ops it applied, and the error of the one it stopped at.
+    fn apply_run(&mut self, ops: &[MapOp]) -> (usize, Option<MapWriteError>) {
+        let kind = ops[0].map();
+        // (op index, keys, values) per element, flattened as the kernel wants them.
+        let mut keys: Vec<u8> = Vec::new();
+        let mut values: Vec<u8> = Vec::new();
+        let mut op_of_elem: Vec<usize> = Vec::new();
+        let zeros = vec![Counters::default(); self.nr_cpus];
+        for (i, op) in ops.iter().enumerate() {
+            match op {
+                MapOp::PutFrontend(FeKey::V4(k), v) => {
+                    keys.extend_from_slice(bytes_of(std::slice::from_ref(k)));
+                    values.extend_from_slice(bytes_of(std::slice::from_ref(v)));
+                    op_of_elem.push(i);
+                }
+                MapOp::PutFrontend(FeKey::V6(k), v) => {
+                    keys.extend_from_slice(bytes_of(std::slice::from_ref(k)));
+                    values.extend_from_slice(bytes_of(std::slice::from_ref(v)));
+                    op_of_elem.push(i);
+                }
+                MapOp::PutSlots(base, slots) => {
+                    for (index, slot) in (*base..).zip(slots) {
+                        keys.extend_from_slice(&index.to_ne_bytes());
+                        values.extend_from_slice(bytes_of(std::slice::from_ref(slot)));
+                        op_of_elem.push(i);
+                    }
+                }
+                MapOp::ResetCounters(id) => {
+                    keys.extend_from_slice(&id.to_ne_bytes());
+                    // Per-CPU values: one per CPU, each a multiple of 8 bytes (Counters is).
+                    values.extend_from_slice(bytes_of(&zeros));
+                    op_of_elem.push(i);
+                }
+                MapOp::PutName(id, name) => {
+                    keys.extend_from_slice(&id.to_ne_bytes());
+                    values.extend_from_slice(bytes_of(std::slice::from_ref(&**name)));
+                    op_of_elem.push(i);
+                }
+                _ => return (0, None),
+            }
+        }
+        let fd = match kind {
+            MapKind::Frontends4 => self.fe4.map().fd().as_fd(),
+            MapKind::Frontends6 => self.fe6.map().fd().as_fd(),
+            MapKind::Slots => self.slots.map().fd().as_fd(),
+            MapKind::Counters => self.counters.map().fd().as_fd(),
+            MapKind::FrontendNames => self.names.map().fd().as_fd(),
+            _ => return (0, None),
+        };
+        let n = op_of_elem.len();
+        let (key_size, value_size) = (keys.len() / n.max(1), values.len() / n.max(1));
+        let mut done = 0usize;
+        while done < n {
+            let count = (n - done).min(BATCH_MAX);
+            let elems = Elems {
+                keys: &keys[done * key_size..(done + count) * key_size],
+                values: &values[done * value_size..(done + count) * value_size],
+                count: count as u32,
+            };
+            if let Err((applied, e)) = batch::update(&fd, &elems) {
+                let failed_elem = done + applied as usize;
+                let op = op_of_elem.get(failed_elem).copied().unwrap_or(ops.len());
+                return (op, Some(syscall_error(kind, "BPF_MAP_UPDATE_BATCH", e)));
+            }
+            done += count;
+        }
+        (ops.len(), None)
     }
 }
 
-fn write_error(map: MapKind, e: MapError) -> MapWriteError {
-    let errno = match &e {
-        MapError::SyscallError(s) => s.io_error.raw_os_error(),
-        _ => None,
-    };
-    let detail = match &e {
-        MapError::SyscallError(s) => format!("{} failed: {}", s.call, s.io_error),
-        other => other.to_string(),
-    };
-    let message = match errno {
-        Some(libc::E2BIG) => format!("map is full ({detail})"),
-        _ => detail,
-    };
-    MapWriteError {
-        map,
-        errno,
-        message,
-    }
-}
-
-/// A delete of an absent key is a success: deletes are idempotent.
-fn absent_ok(r: Result<(), MapError>) -> Result<(), MapError> {
-    match r {
-        Err(MapError::SyscallError(s)) if s.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-        Err(MapError::KeyNotFound | MapError::ElementNotFound) => Ok(()),
-        other => other,
-    }
+/// Whether consecutive ops `a` then `b` can share a batch syscall.
+fn batchable(a: &MapOp, b: &MapOp) -> bool {
+    use MapOp::*;
+    matches!(
+        (a, b),
+        (PutFrontend(FeKey::V4(_), _), PutFrontend(FeKey::V4(_), _))
+            | (PutFrontend(FeKey::V6(_), _), PutFrontend(FeKey::V6(_), _))
+            | (PutSlots(..), PutSlots(..))
+            | (ResetCounters(_), ResetCounters(_))
+            | (PutName(..), PutName(..))
+    )
 }
 
 impl MapWriter for KernelMaps {
@@ -246,27 +375,87 @@ impl MapWriter for KernelMaps {
             MapOp::PutFrontend(FeKey::V6(k), v) => self.fe6.insert(k, v, ANY),
             MapOp::DelFrontend(FeKey::V4(k)) => absent_ok(self.fe4.remove(k)),
             MapOp::DelFrontend(FeKey::V6(k)) => absent_ok(self.fe6.remove(k)),
-            MapOp::PutSlot(k, b) => self.slots.insert(k, Slot { backend_id: *b }, ANY),
-            MapOp::DelSlot(k) => absent_ok(self.slots.remove(k)),
-            MapOp::PutBackend(k, v) => self.backends.insert(k, v, ANY),
-            MapOp::DelBackend(k) => absent_ok(self.backends.remove(k)),
+            MapOp::PutSlots(..) => {
+                return match self.apply_run(std::slice::from_ref(op)) {
+                    (_, Some(e)) => Err(e),
+                    (_, None) => Ok(()),
+                };
+            }
             MapOp::PutAffinityMatch(k) => self.affinity_match.insert(k, 1, ANY),
             MapOp::DelAffinityMatch(k) => absent_ok(self.affinity_match.remove(k)),
             MapOp::ResetCounters(k) => {
                 match PerCpuValues::try_from(vec![Counters::default(); self.nr_cpus]) {
-                    Ok(zeros) => self.counters.insert(k, zeros, ANY),
+                    Ok(zeros) => self.counters.set(*k, zeros, ANY),
                     Err(e) => Err(MapError::SyscallError(aya::sys::SyscallError {
                         call: "nr_cpus",
                         io_error: e,
                     })),
                 }
             }
-            MapOp::DelCounters(k) => absent_ok(self.counters.remove(k)),
-            MapOp::PutName(k, v) => self.names.insert(k, v, ANY),
+            MapOp::PutName(k, v) => self.names.insert(k, **v, ANY),
             MapOp::DelName(k) => absent_ok(self.names.remove(k)),
             MapOp::PutCluster(k, v) => self.clusters.insert(k, v, ANY),
             MapOp::DelCluster(k) => absent_ok(self.clusters.remove(k)),
         };
         r.map_err(|e| write_error(op.map(), e))
     }
+
+    fn apply_all(&mut self, ops: &[MapOp]) -> Result<(), (usize, MapWriteError)> {
+        let mut i = 0;
+        while i < ops.len() {
+            let mut end = i + 1;
+            while end < ops.len() && batchable(&ops[i], &ops[end]) {
+                end += 1;
+            }
+            let run_is_batch = end > i + 1 || matches!(ops[i], MapOp::PutSlots(..));
+            if run_is_batch {
+                match self.apply_run(&ops[i..end]) {
+                    (_, None) => {}
+                    (applied, Some(e)) => return Err((i + applied, e)),
+                }
+            } else {
+                self.apply(&ops[i]).map_err(|e| (i, e))?;
+            }
+            i = end;
+        }
+        Ok(())
+    }
+
+    fn read_slots(&self, base: u32, count: u16) -> Result<Vec<Slot>, MapWriteError> {
+        let mut slots = vec![Slot::default(); count as usize];
+        let mut filled = 0usize;
+        let fd = self.slots.map().fd().as_fd();
+        while filled < slots.len() {
+            let want = (slots.len() - filled).min(BATCH_MAX);
+            let start = base.checked_add(filled as u32).ok_or_else(|| {
+                syscall_error(
+                    MapKind::Slots,
+                    "read",
+                    std::io::Error::from_raw_os_error(libc::EINVAL),
+                )
+            })?;
+            let dst = &mut slots[filled..filled + want];
+            // SAFETY: `Slot` is plain data (`aya::Pod`): any bytes the kernel writes into the
+            // buffer make a valid `Slot`, and the buffer covers exactly `dst`.
+            let bytes = unsafe {
+                std::slice::from_raw_parts_mut(
+                    dst.as_mut_ptr().cast::<u8>(),
+                    std::mem::size_of_val(dst),
+                )
+            };
+            let n = batch::lookup_array(&fd, start, bytes, size_of::<Slot>(), want as u32)
+                .map_err(|e| syscall_error(MapKind::Slots, "BPF_MAP_LOOKUP_BATCH", e))?;
+            if n == 0 {
+                break; // past the end of the array: left as never written
+            }
+            filled += n as usize;
+        }
+        Ok(slots)
+    }
+
+    fn quiesce(&mut self) -> Result<(), MapWriteError> {
+        super::grace::wait().map_err(|e| syscall_error(MapKind::Slots, "membarrier", e))
+    }
 }
+
+use std::mem::size_of;

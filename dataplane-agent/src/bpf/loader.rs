@@ -1,20 +1,28 @@
 //! Loading, attaching and pinning the socket-LB programs, adopting them after a restart, and
 //! removing them.
 //!
-//! Layout under the pin directory (default `/sys/fs/bpf/mcs-dataplane/v1`):
+//! Layout under the pin directory (default `/sys/fs/bpf/mcs-dataplane/v<PIN_VERSION>`):
 //! - `maps/<MAP>`: every map (`bpftool map dump pinned <dir>/maps/MCS_FE4`);
 //! - `links/cg<cgroup id>/<program>`: the cgroup links, one per hook. Pinned links keep the
 //!   programs attached while the agent is down, so connections keep being translated.
 //!
-//! On start, maps that are already pinned are reused (same map ids, same contents). If every
-//! link of the target cgroup is pinned and runs the same program code (same tag) as this
-//! build, the links are adopted untouched. Otherwise the new programs are attached next to the
-//! old ones (multi-attach), pinned, and only then are the old links removed: an upgrade never
-//! leaves the cgroup without a program.
+//! On start, the agent takes an exclusive `flock` on the pin directory (two agents never share
+//! one). Maps that are already pinned are reused (same map ids, same contents). If every link
+//! of the target cgroup is pinned, runs the same program code (same tag) as this build, and
+//! uses the pinned maps (not maps whose pins were removed since), the links are adopted
+//! untouched. Otherwise the new programs are attached next to the old ones (multi-attach),
+//! pinned, and only then are the old links removed: an upgrade never leaves the cgroup without
+//! a program. When the pin directory is the versioned default (`.../v<PIN_VERSION>`), the
+//! links of older layout versions (`.../v1` and so on) are then detached and their pins
+//! removed: an old program attached first would otherwise keep translating from frozen maps.
 
 use std::{
+    collections::BTreeSet,
     fs,
-    os::unix::fs::MetadataExt as _,
+    os::{
+        fd::{AsRawFd as _, OwnedFd},
+        unix::fs::MetadataExt as _,
+    },
     path::{Path, PathBuf},
 };
 
@@ -36,6 +44,12 @@ use super::{
 /// The compiled eBPF object (built by `build.rs`).
 static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/dataplane-ebpf"));
+
+/// The compiled eBPF object, as the agent loads it (empty when built with `AYA_BUILD_SKIP`).
+/// The benchmark loads its do-nothing programs (`dataplane_ebpf::FLOOR_PROGRAMS`) from it.
+pub fn ebpf_object() -> &'static [u8] {
+    EBPF_OBJECT
+}
 
 /// The programs, by function (and section) name, in attach order.
 pub const PROGRAMS: [&str; 8] = [
@@ -64,8 +78,8 @@ pub struct LoaderConfig {
     /// The cgroup v2 directory the programs attach to.
     pub cgroup: PathBuf,
     pub max_frontends: u32,
-    pub max_backends: u32,
     pub max_slots: u32,
+    pub max_clusters: u32,
     pub max_affinity: u32,
     pub max_revnat: u32,
     /// Most verbose eBPF log level forwarded to `tracing` (aya-log level numbers: 1 error ..
@@ -80,8 +94,8 @@ impl LoaderConfig {
             pin_dir,
             cgroup,
             max_frontends: MAX_FRONTENDS,
-            max_backends: MAX_BACKENDS,
             max_slots: MAX_SLOTS,
+            max_clusters: MAX_CLUSTERS,
             max_affinity: MAX_AFFINITY,
             max_revnat: MAX_REVNAT,
             bpf_log_level: 2,
@@ -130,6 +144,10 @@ pub enum LoadError {
     Maps(#[from] KernelMapError),
     #[error("nothing is installed under {0}")]
     NotInstalled(PathBuf),
+    #[error(
+        "{0} is in use by another agent (it holds the pin directory's lock); run one agent per pin directory"
+    )]
+    Busy(PathBuf),
 }
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> LoadError + 'a {
@@ -196,16 +214,108 @@ fn links_dir(pin_dir: &Path, cgroup: &Path) -> Result<PathBuf, LoadError> {
     Ok(pin_dir.join("links").join(format!("cg{ino}")))
 }
 
-/// The tag of the program a pinned link runs.
-fn pinned_link_program(path: &Path) -> Option<(u32, u64)> {
+/// The program a pinned link runs: its id, tag and the ids of the maps it uses.
+struct Linked {
+    id: u32,
+    tag: u64,
+    map_ids: BTreeSet<u32>,
+}
+
+fn pinned_link_program(path: &Path) -> Option<Linked> {
     let link = PinnedLink::from_pin(path).ok()?;
     let fd: FdLink = link.into();
     let prog_id = fd.info().ok()?.program_id();
-    let tag = loaded_programs()
+    let info = loaded_programs()
         .filter_map(Result::ok)
-        .find(|p| p.id() == prog_id)?
-        .tag();
-    Some((prog_id, tag))
+        .find(|p| p.id() == prog_id)?;
+    Some(Linked {
+        id: prog_id,
+        tag: info.tag(),
+        map_ids: info
+            .map_ids()
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+            .into_iter()
+            .collect(),
+    })
+}
+
+/// Takes an exclusive lock on the pin directory for as long as the returned fd lives (bpffs
+/// holds no regular files, so the directory itself is locked).
+fn lock_pin_dir(pin_dir: &Path) -> Result<OwnedFd, LoadError> {
+    let dir = fs::File::open(pin_dir).map_err(io("cannot open", pin_dir))?;
+    // SAFETY: flock on an fd we own; no memory is passed.
+    let rc = unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(LoadError::Busy(pin_dir.to_owned()));
+        }
+        return Err(LoadError::Io {
+            what: "cannot lock",
+            path: pin_dir.to_owned(),
+            source: e,
+        });
+    }
+    Ok(dir.into())
+}
+
+/// The pinned maps' ids (what programs attached by this pin directory must use).
+fn pinned_map_ids(maps_dir: &Path) -> BTreeSet<u32> {
+    map_names::ALL
+        .iter()
+        .filter_map(|name| aya::maps::MapData::from_pin(maps_dir.join(name)).ok())
+        .filter_map(|m| m.info().ok().map(|i| i.id()))
+        .collect()
+}
+
+/// When `pin_dir` is the versioned default layout (`<root>/v<PIN_VERSION>`), detaches the links
+/// of every older layout under `<root>` and removes its pins. Returns how many links it
+/// detached.
+fn retire_older_versions(pin_dir: &Path) -> usize {
+    let ours = format!("v{}", dataplane_ebpf::PIN_VERSION);
+    if pin_dir.file_name().and_then(|n| n.to_str()) != Some(ours.as_str()) {
+        return 0;
+    }
+    let Some(root) = pin_dir.parent() else {
+        return 0;
+    };
+    let mut detached = 0;
+    for entry in fs::read_dir(root).into_iter().flatten().flatten() {
+        let older = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.strip_prefix('v'))
+            .and_then(|v| v.parse::<u32>().ok())
+            .is_some_and(|v| v < dataplane_ebpf::PIN_VERSION);
+        if !older {
+            continue;
+        }
+        for cg in fs::read_dir(entry.path().join("links"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for link in fs::read_dir(cg.path()).into_iter().flatten().flatten() {
+                match super::sys::detach_pinned_link(&link.path()) {
+                    Ok(()) => detached += 1,
+                    Err(e) => {
+                        warn!(pin = %link.path().display(), error = %e, "cannot detach an old link")
+                    }
+                }
+            }
+        }
+        match uninstall(&entry.path()) {
+            Ok(done) => {
+                info!(dir = %entry.path().display(), links = done.links, maps = done.maps, "removed an older layout's pins")
+            }
+            Err(e) => {
+                warn!(dir = %entry.path().display(), error = %e, "cannot remove an older layout's pins")
+            }
+        }
+    }
+    detached
 }
 
 /// One of [`PROGRAMS`] in the loaded object.
@@ -235,6 +345,7 @@ pub fn install(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
     }
     let maps_dir = cfg.pin_dir.join("maps");
     fs::create_dir_all(&maps_dir).map_err(io("cannot create", &maps_dir))?;
+    let lock = lock_pin_dir(&cfg.pin_dir)?;
     let links = links_dir(&cfg.pin_dir, &cfg.cgroup)?;
     fs::create_dir_all(&links).map_err(io("cannot create", &links))?;
 
@@ -247,10 +358,11 @@ pub fn install(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
     let mut ebpf: Ebpf = loader
         .map_max_entries(map_names::FRONTENDS4, cfg.max_frontends)
         .map_max_entries(map_names::FRONTENDS6, cfg.max_frontends)
-        .map_max_entries(map_names::COUNTERS, cfg.max_frontends)
+        // Indexed by frontend id, 1..=max_frontends.
+        .map_max_entries(map_names::COUNTERS, cfg.max_frontends.saturating_add(1))
         .map_max_entries(map_names::FRONTEND_NAMES, cfg.max_frontends)
-        .map_max_entries(map_names::BACKENDS, cfg.max_backends)
         .map_max_entries(map_names::SLOTS, cfg.max_slots)
+        .map_max_entries(map_names::CLUSTER_NAMES, cfg.max_clusters)
         .map_max_entries(map_names::AFFINITY_MATCH, cfg.max_slots)
         .map_max_entries(map_names::AFFINITY, cfg.max_affinity)
         .map_max_entries(map_names::REVNAT4, cfg.max_revnat)
@@ -268,23 +380,36 @@ pub fn install(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
         let info = prog
             .info()
             .map_err(|source| LoadError::Program { name, source })?;
-        tags.push((name, info.id(), info.tag()));
+        let maps: BTreeSet<u32> = info
+            .map_ids()
+            .map_err(|source| LoadError::Program { name, source })?
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        tags.push((name, info.id(), info.tag(), maps));
     }
 
-    let pinned: Vec<Option<(u32, u64)>> = PROGRAMS
+    // A pinned link is adopted when it runs this build's code on the pinned maps: a program
+    // loaded before a map pin was removed (and the map recreated) writes to maps nobody syncs.
+    let pinned_maps = pinned_map_ids(&maps_dir);
+    let pinned: Vec<Option<Linked>> = PROGRAMS
         .iter()
         .map(|name| pinned_link_program(&links.join(name)))
         .collect();
-    let adopt = pinned
-        .iter()
-        .zip(&tags)
-        .all(|(p, (_, _, tag))| p.is_some_and(|(_, t)| t == *tag));
+    let adopt = pinned.iter().zip(&tags).all(|(p, (_, _, tag, maps))| {
+        p.as_ref().is_some_and(|p| {
+            p.tag == *tag
+                && maps
+                    .intersection(&pinned_maps)
+                    .all(|m| p.map_ids.contains(m))
+        })
+    });
 
     let (attachment, program_ids, logger) = if adopt {
         let ids: Vec<(&'static str, u32)> = PROGRAMS
             .iter()
             .zip(&pinned)
-            .map(|(n, p)| (*n, p.map(|(id, _)| id).unwrap_or(0)))
+            .map(|(n, p)| (*n, p.as_ref().map_or(0, |p| p.id)))
             .collect();
         drop(fresh_logger);
         let logger = ids
@@ -295,7 +420,7 @@ pub fn install(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
     } else {
         let cgroup = fs::File::open(&cfg.cgroup).map_err(io("cannot open cgroup", &cfg.cgroup))?;
         let mut replaced = 0;
-        for (name, _, _) in &tags {
+        for (name, _, _, _) in &tags {
             let prog = sock_addr_program(&mut ebpf, name)?;
             // A bpf_link (flags 0) always attaches in multi mode: an old link (previous
             // version) keeps running until the new one is pinned, and other programs on the
@@ -328,7 +453,7 @@ pub fn install(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
         }
         // Links pinned for another cgroup belong to an earlier configuration.
         replaced += remove_other_link_dirs(&cfg.pin_dir, &links);
-        let ids = tags.iter().map(|(n, id, _)| (*n, *id)).collect();
+        let ids = tags.iter().map(|(n, id, _, _)| (*n, *id)).collect();
         info!(pin_dir = %cfg.pin_dir.display(), cgroup = %cfg.cgroup.display(), replaced, "attached the socket-LB programs");
         (
             Attachment::Attached {
@@ -339,14 +464,21 @@ pub fn install(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
         )
     };
     drop(ebpf);
+    let retired = retire_older_versions(&cfg.pin_dir);
+    if retired > 0 {
+        info!(
+            links = retired,
+            "detached the links of older layout versions"
+        );
+    }
 
-    let maps = KernelMaps::open_pinned(&maps_dir)?;
+    let mut maps = KernelMaps::open_pinned(&maps_dir)?;
+    maps.hold_lock(lock);
     let caps = maps.capacities();
     let wanted = Capacities {
         frontends: cfg.max_frontends,
-        backends: cfg.max_backends,
         slots: cfg.max_slots,
-        clusters: caps.clusters,
+        clusters: cfg.max_clusters,
     };
     if caps != wanted {
         warn!(

@@ -1,14 +1,14 @@
 //! The map operations the sync issues, and an in-memory implementation of the maps.
 //!
-//! Map sync talks to the maps only through [`MapWriter`], so the same planner drives the kernel
+//! Map sync talks to the maps only through [`MapWriter`], so the same writer drives the kernel
 //! maps ([`super::kernel::KernelMaps`]) and [`MemMaps`], which tests use to check the datapath
 //! invariants after every single write.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use dataplane_ebpf::{
-    AffinityMatchKey, Backend, ClusterName, Counters, Frontend, FrontendKey4, FrontendKey6,
-    FrontendName, SlotKey,
+    AffinityMatchKey, ClusterName, Counters, Frontend, FrontendKey4, FrontendKey6, FrontendName,
+    Slot,
 };
 
 pub use dataplane_ebpf::defaults;
@@ -19,7 +19,6 @@ pub enum MapKind {
     Frontends4,
     Frontends6,
     Slots,
-    Backends,
     AffinityMatch,
     Counters,
     FrontendNames,
@@ -27,6 +26,17 @@ pub enum MapKind {
 }
 
 impl MapKind {
+    /// Every map the agent writes, in the order metrics list them.
+    pub const ALL: [MapKind; 7] = [
+        MapKind::Frontends4,
+        MapKind::Frontends6,
+        MapKind::Slots,
+        MapKind::AffinityMatch,
+        MapKind::Counters,
+        MapKind::FrontendNames,
+        MapKind::ClusterNames,
+    ];
+
     /// The map's name in the object and in bpffs.
     pub fn map_name(self) -> &'static str {
         use dataplane_ebpf::map_names::*;
@@ -34,7 +44,6 @@ impl MapKind {
             MapKind::Frontends4 => FRONTENDS4,
             MapKind::Frontends6 => FRONTENDS6,
             MapKind::Slots => SLOTS,
-            MapKind::Backends => BACKENDS,
             MapKind::AffinityMatch => AFFINITY_MATCH,
             MapKind::Counters => COUNTERS,
             MapKind::FrontendNames => FRONTEND_NAMES,
@@ -64,16 +73,13 @@ impl FeKey {
 pub enum MapOp {
     PutFrontend(FeKey, Frontend),
     DelFrontend(FeKey),
-    PutSlot(SlotKey, u32),
-    DelSlot(SlotKey),
-    PutBackend(u32, Backend),
-    DelBackend(u32),
+    /// Writes `slots` into `MCS_SLOTS` from index `base` on.
+    PutSlots(u32, Vec<Slot>),
     PutAffinityMatch(AffinityMatchKey),
     DelAffinityMatch(AffinityMatchKey),
-    /// Creates (or zeroes) the per-CPU counters of a frontend id.
+    /// Zeroes the per-CPU counters of a frontend id (a new id starts from zero).
     ResetCounters(u32),
-    DelCounters(u32),
-    PutName(u32, FrontendName),
+    PutName(u32, Box<FrontendName>),
     DelName(u32),
     PutCluster(u32, ClusterName),
     DelCluster(u32),
@@ -83,10 +89,9 @@ impl MapOp {
     pub fn map(&self) -> MapKind {
         match self {
             MapOp::PutFrontend(k, _) | MapOp::DelFrontend(k) => k.map(),
-            MapOp::PutSlot(..) | MapOp::DelSlot(_) => MapKind::Slots,
-            MapOp::PutBackend(..) | MapOp::DelBackend(_) => MapKind::Backends,
+            MapOp::PutSlots(..) => MapKind::Slots,
             MapOp::PutAffinityMatch(_) | MapOp::DelAffinityMatch(_) => MapKind::AffinityMatch,
-            MapOp::ResetCounters(_) | MapOp::DelCounters(_) => MapKind::Counters,
+            MapOp::ResetCounters(_) => MapKind::Counters,
             MapOp::PutName(..) | MapOp::DelName(_) => MapKind::FrontendNames,
             MapOp::PutCluster(..) | MapOp::DelCluster(_) => MapKind::ClusterNames,
         }
@@ -96,13 +101,18 @@ impl MapOp {
         matches!(
             self,
             MapOp::DelFrontend(_)
-                | MapOp::DelSlot(_)
-                | MapOp::DelBackend(_)
                 | MapOp::DelAffinityMatch(_)
-                | MapOp::DelCounters(_)
                 | MapOp::DelName(_)
                 | MapOp::DelCluster(_)
         )
+    }
+
+    /// How many map entries the op writes (a batch of slots writes several).
+    pub fn entries(&self) -> usize {
+        match self {
+            MapOp::PutSlots(_, slots) => slots.len(),
+            _ => 1,
+        }
     }
 }
 
@@ -123,19 +133,37 @@ impl MapWriteError {
     }
 }
 
-/// Applies map writes. Deleting a key that is absent succeeds: deletes are idempotent.
+/// Applies map writes, and reads back what the writer needs. Deleting a key that is absent
+/// succeeds: deletes are idempotent.
 pub trait MapWriter {
     fn apply(&mut self, op: &MapOp) -> Result<(), MapWriteError>;
+
+    /// Applies `ops` in order and stops at the first failure, returning its index. The kernel
+    /// maps put runs of updates of one map into one syscall (`BPF_MAP_UPDATE_BATCH`).
+    fn apply_all(&mut self, ops: &[MapOp]) -> Result<(), (usize, MapWriteError)> {
+        for (i, op) in ops.iter().enumerate() {
+            self.apply(op).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
+
+    /// The slots `base..base + count`.
+    fn read_slots(&self, base: u32, count: u16) -> Result<Vec<Slot>, MapWriteError>;
+
+    /// Returns once no program run that started before the call is still running (an RCU
+    /// grace period): slot ranges freed before the call may then be written again.
+    fn quiesce(&mut self) -> Result<(), MapWriteError>;
 }
 
-/// Everything the agent-owned maps hold (counters summed over CPUs).
+/// Everything the agent-owned maps hold (counters summed over CPUs; slots that were never
+/// written, `frontend_id == 0`, left out).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct MapContents {
     pub frontends4: BTreeMap<FrontendKey4, Frontend>,
     pub frontends6: BTreeMap<FrontendKey6, Frontend>,
-    pub slots: BTreeMap<SlotKey, u32>,
-    pub backends: BTreeMap<u32, Backend>,
+    pub slots: BTreeMap<u32, Slot>,
     pub affinity_match: BTreeSet<AffinityMatchKey>,
+    /// Frontend ids with any non-zero counter.
     pub counters: BTreeMap<u32, Counters>,
     pub names: BTreeMap<u32, FrontendName>,
     pub clusters: BTreeMap<u32, ClusterName>,
@@ -149,12 +177,12 @@ impl MapContents {
             .chain(self.frontends6.iter().map(|(k, v)| (FeKey::V6(*k), v)))
     }
 
+    /// Entries in use: for the slots, those of the frontends' ranges.
     pub fn len(&self, map: MapKind) -> usize {
         match map {
             MapKind::Frontends4 => self.frontends4.len(),
             MapKind::Frontends6 => self.frontends6.len(),
-            MapKind::Slots => self.slots.len(),
-            MapKind::Backends => self.backends.len(),
+            MapKind::Slots => self.frontends().map(|(_, f)| f.count as usize).sum(),
             MapKind::AffinityMatch => self.affinity_match.len(),
             MapKind::Counters => self.counters.len(),
             MapKind::FrontendNames => self.names.len(),
@@ -162,34 +190,41 @@ impl MapContents {
         }
     }
 
-    /// Checks what the datapath relies on (see the invariants in `dataplane_ebpf`): every
-    /// active slot of every frontend exists and names a backend that exists, and every
-    /// affinity-match entry names an existing backend. Returns the first violation.
+    /// The backends of a frontend as a reader sees them: its range, `None` when a slot of the
+    /// range does not carry the frontend's id (a reader would refuse, never misroute).
+    pub fn range(&self, fe: &Frontend) -> Option<Vec<Slot>> {
+        (0..fe.count as u32)
+            .map(|i| {
+                let slot = fe.base.checked_add(i).and_then(|i| self.slots.get(&i))?;
+                (slot.frontend_id == fe.id).then_some(*slot)
+            })
+            .collect()
+    }
+
+    /// Checks what the datapath relies on (see the invariants in `dataplane_ebpf`): frontend ids
+    /// are unique, every slot of every frontend's range carries the frontend's id, and ranges do
+    /// not overlap. Returns the first violation.
     pub fn check_datapath_invariants(&self) -> Result<(), String> {
         let mut ids = BTreeSet::new();
+        let mut owner: BTreeMap<u32, u32> = BTreeMap::new();
         for (key, fe) in self.frontends() {
             if !ids.insert(fe.id) {
                 return Err(format!("frontend id {} used twice ({key:?})", fe.id));
             }
-            for index in 0..fe.count {
-                let slot = SlotKey {
-                    frontend_id: fe.id,
-                    bank: fe.bank as u16,
-                    index,
-                };
-                let Some(backend) = self.slots.get(&slot) else {
-                    return Err(format!("{key:?}: active slot {slot:?} is missing"));
-                };
-                if !self.backends.contains_key(backend) {
+            if self.range(fe).is_none() {
+                return Err(format!(
+                    "{key:?}: a slot of {}..+{} does not carry id {}",
+                    fe.base, fe.count, fe.id
+                ));
+            }
+            for i in 0..fe.count as u32 {
+                if let Some(other) = owner.insert(fe.base + i, fe.id) {
                     return Err(format!(
-                        "{key:?}: slot {slot:?} names missing backend {backend}"
+                        "slot {} is in the ranges of frontends {other} and {}",
+                        fe.base + i,
+                        fe.id
                     ));
                 }
-            }
-        }
-        for m in &self.affinity_match {
-            if !self.backends.contains_key(&m.backend_id) {
-                return Err(format!("affinity match {m:?} names a missing backend"));
             }
         }
         Ok(())
@@ -199,9 +234,10 @@ impl MapContents {
 /// Capacities of the maps (`max_entries`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Capacities {
+    /// Entries per frontend map; frontend ids run `1..=frontends`.
     pub frontends: u32,
-    pub backends: u32,
     pub slots: u32,
+    /// Cluster ids run `1..=clusters` (at most `u16::MAX`).
     pub clusters: u32,
 }
 
@@ -209,15 +245,11 @@ impl Default for Capacities {
     fn default() -> Self {
         Capacities {
             frontends: defaults::MAX_FRONTENDS,
-            backends: defaults::MAX_BACKENDS,
             slots: defaults::MAX_SLOTS,
-            clusters: CLUSTER_NAMES_MAX,
+            clusters: defaults::MAX_CLUSTERS,
         }
     }
 }
-
-/// `max_entries` of the cluster-name map (fixed in the object).
-pub const CLUSTER_NAMES_MAX: u32 = 1024;
 
 impl Capacities {
     pub fn of(&self, map: MapKind) -> u32 {
@@ -226,23 +258,26 @@ impl Capacities {
             | MapKind::Frontends6
             | MapKind::Counters
             | MapKind::FrontendNames => self.frontends,
-            MapKind::Backends => self.backends,
             MapKind::Slots | MapKind::AffinityMatch => self.slots,
             MapKind::ClusterNames => self.clusters,
         }
     }
 }
 
-/// In-memory maps with the kernel's capacity semantics (inserting a new key into a full map
-/// fails with E2BIG). Used by tests and by `plan`-style dry runs.
+/// In-memory maps with the kernel's capacity semantics (inserting a new key into a full hash
+/// map fails with E2BIG; writing past the slot array fails with E2BIG too). Used by tests.
 #[derive(Clone, Debug, Default)]
 pub struct MemMaps {
     pub contents: MapContents,
     pub capacities: Capacities,
     /// Fails the n-th write from now (0 = the next one) with EIO, to test rollback.
     pub fail_write_in: Option<usize>,
-    /// Called after every successful write; tests use it to check invariants at each step.
+    /// Fails every write of this frontend entry with EIO.
+    pub refuse_frontend: Option<FeKey>,
+    /// Successful writes so far.
     pub writes: usize,
+    /// Calls of [`MapWriter::quiesce`] so far.
+    pub grace_periods: usize,
 }
 
 impl MemMaps {
@@ -250,14 +285,6 @@ impl MemMaps {
         MemMaps {
             capacities,
             ..Default::default()
-        }
-    }
-
-    fn full(&self, map: MapKind) -> MapWriteError {
-        MapWriteError {
-            map,
-            errno: Some(libc::E2BIG),
-            message: format!("map is full ({} entries)", self.capacities.of(map)),
         }
     }
 }
@@ -289,6 +316,15 @@ impl MapWriter for MemMaps {
             }
             self.fail_write_in = Some(n - 1);
         }
+        if let MapOp::PutFrontend(k, _) = op
+            && self.refuse_frontend == Some(*k)
+        {
+            return Err(MapWriteError {
+                map: op.map(),
+                errno: Some(libc::EIO),
+                message: "refused entry".into(),
+            });
+        }
         let caps = self.capacities;
         let map = op.map();
         let full = || MapWriteError {
@@ -310,34 +346,31 @@ impl MapWriter for MemMaps {
             MapOp::DelFrontend(FeKey::V6(k)) => {
                 c.frontends6.remove(k);
             }
-            MapOp::PutSlot(k, v) => put(&mut c.slots, caps.slots, *k, *v, full)?,
-            MapOp::DelSlot(k) => {
-                c.slots.remove(k);
-            }
-            MapOp::PutBackend(k, v) => put(&mut c.backends, caps.backends, *k, *v, full)?,
-            MapOp::DelBackend(k) => {
-                c.backends.remove(k);
+            MapOp::PutSlots(base, slots) => {
+                let end = u64::from(*base) + slots.len() as u64;
+                if end > u64::from(caps.slots) {
+                    return Err(full());
+                }
+                for (i, slot) in (*base..).zip(slots) {
+                    c.slots.insert(i, *slot);
+                }
             }
             MapOp::PutAffinityMatch(k) => {
                 if !c.affinity_match.contains(k) && c.affinity_match.len() >= caps.slots as usize {
-                    return Err(self.full(map));
+                    return Err(full());
                 }
                 c.affinity_match.insert(*k);
             }
             MapOp::DelAffinityMatch(k) => {
                 c.affinity_match.remove(k);
             }
-            MapOp::ResetCounters(k) => put(
-                &mut c.counters,
-                caps.frontends,
-                *k,
-                Counters::default(),
-                full,
-            )?,
-            MapOp::DelCounters(k) => {
+            MapOp::ResetCounters(k) => {
+                if *k > caps.frontends {
+                    return Err(full());
+                }
                 c.counters.remove(k);
             }
-            MapOp::PutName(k, v) => put(&mut c.names, caps.frontends, *k, *v, full)?,
+            MapOp::PutName(k, v) => put(&mut c.names, caps.frontends, *k, **v, full)?,
             MapOp::DelName(k) => {
                 c.names.remove(k);
             }
@@ -347,6 +380,22 @@ impl MapWriter for MemMaps {
             }
         }
         self.writes += 1;
+        Ok(())
+    }
+
+    fn read_slots(&self, base: u32, count: u16) -> Result<Vec<Slot>, MapWriteError> {
+        Ok((0..count as u32)
+            .map(|i| {
+                base.checked_add(i)
+                    .and_then(|i| self.contents.slots.get(&i))
+                    .copied()
+                    .unwrap_or_default()
+            })
+            .collect())
+    }
+
+    fn quiesce(&mut self) -> Result<(), MapWriteError> {
+        self.grace_periods += 1;
         Ok(())
     }
 }

@@ -22,7 +22,7 @@ use crate::{
         kernel::KernelMaps,
         loader::{self, Attachment, Dataplane, LoadError, LoaderConfig},
         maps::MapWriter as _,
-        sync::{MapSync, SyncError, SyncReport},
+        sync::{MapSync, SyncReport},
     },
     dns::{DnsOptions, DnsZone, server::DnsServer},
     source::{
@@ -42,6 +42,8 @@ pub enum NodeError {
     Load(#[from] LoadError),
     #[error("reading the adopted maps: {0}")]
     Read(#[from] crate::bpf::kernel::KernelMapError),
+    #[error("adopting the pinned maps: {0}")]
+    Adopt(#[from] crate::bpf::maps::MapWriteError),
     #[error(transparent)]
     Dns(#[from] crate::dns::server::DnsServerError),
 }
@@ -72,8 +74,8 @@ impl Node {
             program_ids,
             logger,
         } = loader::install(cfg)?;
-        let contents = maps.read_all()?;
-        let (sync, cleanup) = MapSync::adopt(maps.capacities(), &contents);
+        let contents = maps.read_entries()?;
+        let (sync, cleanup) = MapSync::adopt(maps.capacities(), &contents, &mut maps)?;
         for op in &cleanup {
             if let Err(e) = maps.apply(op) {
                 warn!(error = %e, "cleaning up an unreachable map entry failed");
@@ -81,7 +83,7 @@ impl Node {
         }
         info!(
             frontends = sync.frontend_count(),
-            backends = sync.backend_count(),
+            slots = sync.slot_count(),
             cleaned = cleanup.len(),
             ?attachment,
             "dataplane ready"
@@ -172,9 +174,10 @@ impl Node {
         }
         let table = self.lb.table();
         let report = if full {
-            self.sync.sync(table, &mut self.maps)
+            self.sync.sync_table(table, &mut self.maps)
         } else {
-            self.sync.sync_services(table, &rebuilt, &mut self.maps)
+            self.sync
+                .sync_table_services(table, &rebuilt, &mut self.maps)
         };
         self.synced = true;
         info!(
@@ -193,7 +196,7 @@ impl Node {
         );
         for failure in &report.failed {
             error!("{failure}");
-            self.retry.insert(failed_service(failure).clone());
+            self.retry.insert(failure.service().clone());
         }
         for e in &report.delete_errors {
             warn!(error = %e, "a map delete failed; the entry is unreachable and will be retried");
@@ -211,14 +214,6 @@ impl Node {
 
     pub fn mirror(&self) -> &MapSync {
         &self.sync
-    }
-}
-
-fn failed_service(e: &SyncError) -> &NamespacedName {
-    match e {
-        SyncError::MapFull { service, .. }
-        | SyncError::TooManyBackends { service, .. }
-        | SyncError::Write { service, .. } => service,
     }
 }
 

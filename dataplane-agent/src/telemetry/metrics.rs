@@ -242,16 +242,7 @@ struct MapCollector {
     pin_dir: PathBuf,
 }
 
-const MAPS: [MapKind; 8] = [
-    MapKind::Frontends4,
-    MapKind::Frontends6,
-    MapKind::Slots,
-    MapKind::Backends,
-    MapKind::AffinityMatch,
-    MapKind::Counters,
-    MapKind::FrontendNames,
-    MapKind::ClusterNames,
-];
+const MAPS: [MapKind; 7] = MapKind::ALL;
 
 impl Collector for MapCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {

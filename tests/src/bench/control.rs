@@ -6,7 +6,7 @@
 //! process joins; everything is removed afterwards (the [`Topology`] guard).
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::IpAddr,
     path::Path,
     time::{Duration, Instant},
@@ -14,9 +14,10 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use dataplane_agent::bpf::{
+    desired::FeAddr,
     kernel::KernelMaps,
     loader::{self, LoaderConfig},
-    sync::{FeAddr, MapSync},
+    sync::MapSync,
 };
 use dataplane_core::{
     fixtures::synthetic::{self, Shape},
@@ -205,12 +206,11 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// Map capacities for a table: frontends (ports and per-VIP wildcards) and backends with
-/// room to spare, and slots twice over (make-before-break writes the new bank first).
+/// Map capacities for a table: frontends (ports and per-VIP wildcards) with room to spare, and
+/// slots twice over and more (make-before-break writes the new range first).
 fn loader_for(topo: &Topology, frontends: usize, backends: usize) -> LoaderConfig {
     let mut cfg = LoaderConfig::new(topo.pin_dir.clone(), topo.cgroup.clone());
     cfg.max_frontends = (frontends * 2).next_power_of_two().max(1024) as u32;
-    cfg.max_backends = (backends * 2).next_power_of_two().max(1024) as u32;
     cfg.max_slots = (backends * 4).next_power_of_two().max(4096) as u32;
     cfg.bpf_log_level = 0;
     cfg
@@ -227,7 +227,7 @@ fn full_sync(shape: Shape, table: &LbTable) -> anyhow::Result<FullSync> {
     let mut dataplane = loader::install(&cfg)?;
     let mut sync = MapSync::new(dataplane.maps.capacities());
     let started = Instant::now();
-    let report = sync.sync(table, &mut dataplane.maps);
+    let report = sync.sync_table(table, &mut dataplane.maps);
     let elapsed = started.elapsed();
     if !report.failed.is_empty() {
         bail!("the full sync refused services: {:?}", report.failed);
@@ -235,7 +235,7 @@ fn full_sync(shape: Shape, table: &LbTable) -> anyhow::Result<FullSync> {
     Ok(FullSync {
         shape,
         frontends: sync.frontend_count(),
-        backends: sync.backend_count(),
+        backends: backend_count(table),
         slots: sync.slot_count(),
         writes: report.writes,
         ms: ms(elapsed),
@@ -263,7 +263,7 @@ fn map_change(services: usize, samples: usize) -> anyhow::Result<MapChange> {
     let cfg = loader_for(&topo, table.frontends.len(), backend_count(&table));
     let mut dataplane = loader::install(&cfg)?;
     let mut sync = MapSync::new(dataplane.maps.capacities());
-    let first = sync.sync(&table, &mut dataplane.maps);
+    let first = sync.sync_table(&table, &mut dataplane.maps);
     if !first.failed.is_empty() {
         bail!("installing {services} services failed: {:?}", first.failed);
     }
@@ -278,7 +278,8 @@ fn map_change(services: usize, samples: usize) -> anyhow::Result<MapChange> {
         frontend.backends.sort();
         let service = frontend.service.clone();
         let started = Instant::now();
-        let report = sync.sync_services(&table, [&service], &mut dataplane.maps);
+        let only = BTreeSet::from([service]);
+        let report = sync.sync_table_services(&table, &only, &mut dataplane.maps);
         latencies.push(started.elapsed());
         if report.changed.len() != 1 || !report.failed.is_empty() {
             bail!("a one-service change wrote {report:?}");
@@ -344,7 +345,6 @@ fn capacity_args(topo: &Topology, plan: &MergeOutput) -> Vec<String> {
     let caps = loader_for(topo, table.frontends.len(), backend_count(&table));
     [
         ("--max-frontends", caps.max_frontends),
-        ("--max-backends", caps.max_backends),
         ("--max-slots", caps.max_slots),
         ("--bpf-log-level", 0),
     ]

@@ -1,11 +1,11 @@
-//! `target/bench/datapath.png`: connections per second and p99 latency against N, per mode.
+//! `target/bench/datapath.png`: TCP connections per second and p99 latency against N, per mode.
 
 use std::path::Path;
 
 use anyhow::{Context as _, anyhow};
 use plotters::prelude::*;
 
-use super::datapath::{Mode, Throughput};
+use super::datapath::{Mode, Proto, Throughput};
 
 /// Where Debian's fonts-dejavu-core puts the font (`cargo xtask setup` installs it).
 const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
@@ -34,9 +34,15 @@ fn color(mode: Mode) -> RGBColor {
     }
 }
 
-/// Draws both panels into `path` (PNG).
+/// Draws both panels of the TCP rows into `path` (PNG).
 pub fn datapath(path: &Path, results: &[Throughput]) -> anyhow::Result<()> {
     register_font()?;
+    let tcp: Vec<Throughput> = results
+        .iter()
+        .filter(|t| t.proto == Proto::Tcp)
+        .cloned()
+        .collect();
+    let results = &tcp[..];
     let root = BitMapBackend::new(path, (1200, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
     let (left, right) = root.split_horizontally(600);

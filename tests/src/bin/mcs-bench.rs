@@ -12,7 +12,7 @@ use clap::Parser;
 use dataplane_core::fixtures::synthetic::Shape;
 use tests::bench::{
     control::{self, ControlOptions},
-    datapath::{self, DatapathOptions, Mode},
+    datapath::{self, DatapathOptions, Mode, Proto},
     dns::{self, DnsBenchOptions},
     plot,
     report::{self, BenchReport, RunInfo},
@@ -41,6 +41,9 @@ struct Args {
     /// Datapath modes (comma-separated: socket-lb, iptables, nftables, direct).
     #[arg(long, value_delimiter = ',')]
     modes: Option<Vec<Mode>>,
+    /// Datapath transports (comma-separated: tcp, udp).
+    #[arg(long, value_delimiter = ',')]
+    protos: Option<Vec<Proto>>,
     /// Installed service counts for the datapath (comma-separated).
     #[arg(long, value_delimiter = ',')]
     services: Option<Vec<usize>>,
@@ -74,6 +77,9 @@ fn main() -> anyhow::Result<()> {
     datapath_opts.services = services.clone();
     if let Some(modes) = &args.modes {
         datapath_opts.modes = modes.clone();
+    }
+    if let Some(protos) = &args.protos {
+        datapath_opts.protos = protos.clone();
     }
     if let Some(seconds) = args.seconds {
         datapath_opts.duration = Duration::from_secs_f64(seconds);

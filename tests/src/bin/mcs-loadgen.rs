@@ -1,16 +1,17 @@
 //! The datapath bench's load generator and backend server.
 //!
-//! `mcs-loadgen serve [--netns NAME] [--threads T] ADDR:PORT...`
-//!   answers one short request per connection with `ADDR:PORT\n`; prints `ready` once bound.
-//! `mcs-loadgen load [--netns NAME] [--cgroup DIR] [--threads T] [--warmup-ms W]
-//!   [--duration-ms D] [--max-conns M] --targets FILE`
+//! `mcs-loadgen serve [--netns NAME] [--threads T] [tcp:|udp:]ADDR:PORT...`
+//!   answers one short request per TCP connection with `ADDR:PORT\n`, and every UDP datagram
+//!   with `ADDR:PORT\n` and the request; prints `ready` once bound.
+//! `mcs-loadgen load [--netns NAME] [--cgroup DIR] [--proto tcp|udp] [--threads T]
+//!   [--warmup-ms W] [--duration-ms D] [--max-conns M] --targets FILE`
 //!   FILE lists one `ip:port` per line; prints one JSON `LoadResult` line.
 //! Both enter the cgroup and namespace themselves, before any thread starts.
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, bail};
-use tests::bench::datapath::load::{self, LoadSpec};
+use tests::bench::datapath::load::{self, LoadSpec, Proto};
 
 fn main() {
     if let Err(e) = real_main() {
@@ -29,6 +30,7 @@ fn real_main() -> anyhow::Result<()> {
     let mut duration = Duration::from_secs(5);
     let mut max_conns = 5_000_000u64;
     let mut targets = None;
+    let mut proto = Proto::Tcp;
     let mut positional = Vec::new();
     let num = |v: Option<String>, what: &str| -> anyhow::Result<u64> {
         v.with_context(|| format!("{what} needs a value"))?
@@ -44,6 +46,7 @@ fn real_main() -> anyhow::Result<()> {
             "--duration-ms" => duration = Duration::from_millis(num(args.next(), "--duration-ms")?),
             "--max-conns" => max_conns = num(args.next(), "--max-conns")?,
             "--targets" => targets = args.next().map(PathBuf::from),
+            "--proto" => proto = args.next().context("--proto needs a value")?.parse()?,
             _ => positional.push(a),
         }
     }
@@ -52,7 +55,16 @@ fn real_main() -> anyhow::Result<()> {
         "serve" => {
             let addrs = positional
                 .iter()
-                .map(|a| a.parse::<SocketAddr>().with_context(|| format!("bad {a}")))
+                .map(|a| {
+                    let (proto, addr) = match a.split_once(':') {
+                        Some((p @ ("tcp" | "udp"), rest)) => (p.parse::<Proto>()?, rest),
+                        _ => (Proto::Tcp, a.as_str()),
+                    };
+                    let addr = addr
+                        .parse::<SocketAddr>()
+                        .with_context(|| format!("bad {a}"))?;
+                    Ok((proto, addr))
+                })
                 .collect::<anyhow::Result<Vec<_>>>()?;
             load::serve(&addrs, threads)
         }
@@ -70,6 +82,7 @@ fn real_main() -> anyhow::Result<()> {
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let result = load::run_load(&LoadSpec {
+                proto,
                 targets,
                 threads,
                 warmup,

@@ -1,7 +1,11 @@
 //! A test client: connects to an address and reports, per attempt, what answered.
 //!
-//! `mcs-probe [--netns NAME] [--cgroup DIR] [--count N] [--duration-ms D] [--interval-ms I] MODE ADDR`
-//! MODE is `tcp`, `udp` (unconnected: sendto/recvfrom) or `udp-connected`.
+//! `mcs-probe [--netns NAME] [--cgroup DIR] [--count N] [--duration-ms D] [--interval-ms I]
+//! [--one-socket] MODE ADDR`
+//! MODE is `tcp`, `udp` (unconnected: sendto/recvfrom) or `udp-connected`. ADDR may be an
+//! IPv4-mapped IPv6 address (`[::ffff:241.0.0.10]:80`): the probe then uses an AF_INET6 socket,
+//! as dual-stack clients do. With `--one-socket` (`udp` only) every attempt sends from the
+//! same socket; otherwise each attempt opens its own.
 //! It first moves itself into the cgroup (so the socket-LB programs apply to it) and then into
 //! the network namespace `/run/netns/NAME` (itself, not through `ip netns exec`, which remounts
 //! /sys and would hide the cgroup), then prints one JSON line per attempt (see
@@ -28,7 +32,20 @@ fn errno(e: &std::io::Error) -> Option<i32> {
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 
-fn attempt(mode: &str, addr: SocketAddr) -> serde_json::Value {
+/// Opens an unbound UDP socket of `addr`'s family (dual-stack for IPv6, so IPv4-mapped
+/// destinations work).
+fn udp_socket(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    let bind: SocketAddr = if addr.is_ipv4() {
+        "0.0.0.0:0".parse().map_err(std::io::Error::other)?
+    } else {
+        "[::]:0".parse().map_err(std::io::Error::other)?
+    };
+    let s = UdpSocket::bind(bind)?;
+    s.set_read_timeout(Some(TIMEOUT))?;
+    Ok(s)
+}
+
+fn attempt(mode: &str, addr: SocketAddr, shared: Option<&UdpSocket>) -> serde_json::Value {
     let start = now_us();
     let result: std::io::Result<(String, Option<String>, Option<String>)> = (|| match mode {
         "tcp" => {
@@ -40,13 +57,14 @@ fn attempt(mode: &str, addr: SocketAddr) -> serde_json::Value {
             Ok((reply.trim().to_owned(), peer, None))
         }
         "udp" | "udp-connected" => {
-            let bind: SocketAddr = if addr.is_ipv4() {
-                "0.0.0.0:0".parse().map_err(std::io::Error::other)?
-            } else {
-                "[::]:0".parse().map_err(std::io::Error::other)?
+            let own;
+            let s = match shared {
+                Some(s) => s,
+                None => {
+                    own = udp_socket(addr)?;
+                    &own
+                }
             };
-            let s = UdpSocket::bind(bind)?;
-            s.set_read_timeout(Some(TIMEOUT))?;
             let mut buf = [0u8; 1500];
             if mode == "udp" {
                 s.send_to(b"hello", addr)?;
@@ -84,6 +102,7 @@ fn main() {
     let mut count: u64 = 1;
     let mut duration = None;
     let mut interval = Duration::ZERO;
+    let mut one_socket = false;
     let mut positional = Vec::new();
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -96,6 +115,7 @@ fn main() {
                     .and_then(|v| v.parse().ok())
                     .map(Duration::from_millis)
             }
+            "--one-socket" => one_socket = true,
             "--interval-ms" => {
                 interval =
                     Duration::from_millis(args.next().and_then(|v| v.parse().ok()).unwrap_or(0))
@@ -105,7 +125,7 @@ fn main() {
     }
     let (Some(mode), Some(addr)) = (positional.first(), positional.get(1)) else {
         eprintln!(
-            "usage: mcs-probe [--cgroup DIR] [--count N] [--duration-ms D] [--interval-ms I] tcp|udp|udp-connected ADDR"
+            "usage: mcs-probe [--cgroup DIR] [--count N] [--duration-ms D] [--interval-ms I] [--one-socket] tcp|udp|udp-connected ADDR"
         );
         std::process::exit(2);
     };
@@ -139,12 +159,23 @@ fn main() {
             std::process::exit(1);
         }
     }
+    let shared = if one_socket && mode == "udp" {
+        match udp_socket(addr) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                eprintln!("opening the UDP socket: {e}");
+                std::process::exit(1);
+            }
+        }
+    } else {
+        None
+    };
     let started = Instant::now();
     let mut out = std::io::stdout().lock();
     let mut i = 0u64;
     // Bounded in count, and in time when a duration is given.
     while i < count && duration.is_none_or(|d| started.elapsed() < d) {
-        let mut line = attempt(mode, addr);
+        let mut line = attempt(mode, addr, shared.as_ref());
         line["i"] = json!(i);
         let _ = writeln!(out, "{line}");
         i += 1;

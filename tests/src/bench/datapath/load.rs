@@ -1,21 +1,58 @@
 //! The load generator and the backend server behind `mcs-loadgen` (the binary only parses
-//! arguments): short TCP connections, one tiny request and reply each.
+//! arguments): short TCP connections with one tiny request and reply each, or UDP
+//! request/response datagrams sent from unconnected sockets.
 
 use std::{
     collections::BTreeMap,
+    fmt,
     io::{Read as _, Write as _},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{SocketAddr, TcpListener, TcpStream, UdpSocket},
     os::fd::AsRawFd as _,
     path::Path,
+    str::FromStr,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
 use serde::{Deserialize, Serialize};
 
+/// The transport a load runs over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Proto {
+    /// One short connection per exchange: connect, request, reply, reset.
+    #[default]
+    Tcp,
+    /// One datagram and its reply per exchange, from unconnected sockets (sendto/recvfrom).
+    Udp,
+}
+
+impl fmt::Display for Proto {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+        })
+    }
+}
+
+impl FromStr for Proto {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> anyhow::Result<Proto> {
+        match s {
+            "tcp" => Ok(Proto::Tcp),
+            "udp" => Ok(Proto::Udp),
+            other => bail!("unknown protocol {other:?} (tcp, udp)"),
+        }
+    }
+}
+
 /// What one `mcs-loadgen load` run measured (printed as one JSON line on stdout).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct LoadResult {
+    /// Completed exchanges: TCP connections (connect, request, reply), or UDP request/reply
+    /// datagram pairs.
     pub connections: u64,
     pub failures: u64,
     /// Measured time (after the warm-up).
@@ -107,12 +144,32 @@ fn linger_zero(s: &TcpStream) {
     }
 }
 
-/// Serves every address: reads one request, replies `<ip:port>\n` (the address it listens
-/// on, so the client can count who answered), then waits for the client to close (the client
-/// resets, so this side keeps no TIME_WAIT either). `threads` acceptors per address.
-pub fn serve(addrs: &[SocketAddr], threads: usize) -> anyhow::Result<()> {
+/// Serves every address. TCP: reads one request, replies `<ip:port>\n` (the address it
+/// listens on, so the client can count who answered), then waits for the client to close (the
+/// client resets, so this side keeps no TIME_WAIT either). UDP: answers every datagram with
+/// `<ip:port>\n` followed by the request, so the client can match a reply to its request.
+/// `threads` acceptors (or receivers) per address.
+pub fn serve(addrs: &[(Proto, SocketAddr)], threads: usize) -> anyhow::Result<()> {
     let mut handles = Vec::new();
-    for addr in addrs {
+    for &(proto, addr) in addrs {
+        if proto == Proto::Udp {
+            let socket = UdpSocket::bind(addr).with_context(|| format!("bind udp {addr}"))?;
+            for _ in 0..threads.max(1) {
+                let s = socket.try_clone()?;
+                let id = format!("{addr}\n");
+                handles.push(std::thread::spawn(move || {
+                    let mut buf = [0u8; 512];
+                    let mut reply = Vec::with_capacity(600);
+                    while let Ok((n, from)) = s.recv_from(&mut buf) {
+                        reply.clear();
+                        reply.extend_from_slice(id.as_bytes());
+                        reply.extend_from_slice(&buf[..n]);
+                        let _ = s.send_to(&reply, from);
+                    }
+                }));
+            }
+            continue;
+        }
         let listener = TcpListener::bind(addr).with_context(|| format!("bind {addr}"))?;
         let reply = format!("{addr}\n");
         for _ in 0..threads.max(1) {
@@ -160,6 +217,7 @@ fn read_line(c: &mut TcpStream, buf: &mut [u8]) -> std::io::Result<usize> {
 /// What a load run does.
 #[derive(Clone, Debug)]
 pub struct LoadSpec {
+    pub proto: Proto,
     pub targets: Vec<SocketAddr>,
     pub threads: usize,
     pub warmup: Duration,
@@ -205,9 +263,67 @@ fn one(addr: &SocketAddr, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(n - 1)
 }
 
+/// Unconnected UDP sockets of one load thread, used in turn, so that per-socket backend
+/// choices (the socket LB's, or conntrack's per flow) spread like those of several clients.
+const UDP_SOCKETS_PER_THREAD: usize = 8;
+
+/// One thread's unconnected UDP sockets, per family, opened on first use.
+#[derive(Default)]
+struct UdpClient {
+    v4: Vec<UdpSocket>,
+    v6: Vec<UdpSocket>,
+    next: usize,
+    seq: u64,
+}
+
+impl UdpClient {
+    fn socket(&mut self, addr: &SocketAddr) -> std::io::Result<&UdpSocket> {
+        let (pool, any) = if addr.is_ipv4() {
+            (&mut self.v4, "0.0.0.0:0")
+        } else {
+            (&mut self.v6, "[::]:0")
+        };
+        if pool.is_empty() {
+            for _ in 0..UDP_SOCKETS_PER_THREAD {
+                let s = UdpSocket::bind(any)?;
+                s.set_read_timeout(Some(IO_TIMEOUT))?;
+                pool.push(s);
+            }
+        }
+        self.next = (self.next + 1) % UDP_SOCKETS_PER_THREAD;
+        Ok(&pool[self.next])
+    }
+
+    /// One exchange: a numbered request, then datagrams until the reply that echoes it (a late
+    /// reply to an earlier, timed-out request is skipped). The reply must come from `addr`
+    /// itself: the socket LB shows the VIP, never the backend, to the application.
+    fn exchange(&mut self, addr: &SocketAddr, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.seq += 1;
+        let request = format!("{}\n", self.seq);
+        let s = self.socket(addr)?;
+        s.send_to(request.as_bytes(), addr)?;
+        loop {
+            let (n, from) = s.recv_from(buf)?;
+            let Some(split) = buf[..n].iter().position(|b| *b == b'\n') else {
+                continue;
+            };
+            if &buf[split + 1..n] != request.as_bytes() {
+                continue;
+            }
+            if from != *addr {
+                return Err(std::io::Error::other(
+                    "the reply came from another address than the one the request went to",
+                ));
+            }
+            return Ok(split);
+        }
+    }
+}
+
 fn worker(spec: &LoadSpec, seed: u64, started: Instant, per_thread_max: u64) -> ThreadResult {
     let mut rng = Rng(seed | 1);
     let mut r = ThreadResult::default();
+    let mut udp = UdpClient::default();
     let mut buf = [0u8; 128];
     let measure_from = started + spec.warmup;
     let end = measure_from + spec.duration;
@@ -218,7 +334,10 @@ fn worker(spec: &LoadSpec, seed: u64, started: Instant, per_thread_max: u64) -> 
             break;
         }
         let addr = &spec.targets[(rng.next() % spec.targets.len() as u64) as usize];
-        let result = one(addr, &mut buf);
+        let result = match spec.proto {
+            Proto::Tcp => one(addr, &mut buf),
+            Proto::Udp => udp.exchange(addr, &mut buf),
+        };
         if t0 < measure_from {
             continue;
         }
@@ -311,20 +430,11 @@ mod tests {
         assert_eq!(quantile(&[], 0.5), 0.0);
     }
 
-    /// Server and client on loopback in this process: every reply is counted by the address
-    /// that answered, and nothing fails.
-    #[test]
-    fn load_against_local_server_counts_backends() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        drop(l);
-        std::thread::spawn(move || serve(&[addr], 2));
-        // Wait for the bind.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while TcpStream::connect(addr).is_err() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+    /// A short load of `proto` against a local server at `addr` (already answering): every
+    /// reply is counted by the address that answered, and nothing fails.
+    fn load_counts_every_reply(proto: Proto, addr: SocketAddr) {
         let r = run_load(&LoadSpec {
+            proto,
             targets: vec![addr],
             threads: 2,
             warmup: Duration::from_millis(20),
@@ -336,5 +446,35 @@ mod tests {
         assert_eq!(r.failures, 0, "{:?}", r.errors);
         assert_eq!(r.by_backend.get(&addr.to_string()), Some(&r.connections));
         assert!(r.p50_us > 0.0 && r.p99_us >= r.p50_us);
+    }
+
+    #[test]
+    fn load_against_local_server_counts_backends() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        std::thread::spawn(move || serve(&[(Proto::Tcp, addr)], 2));
+        // Wait for the bind.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpStream::connect(addr).is_err() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        load_counts_every_reply(Proto::Tcp, addr);
+    }
+
+    /// UDP: every request gets its own reply, from the address it went to.
+    #[test]
+    fn udp_load_against_local_server_matches_replies() {
+        let probe = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let addr = probe.local_addr().unwrap();
+        drop(probe);
+        std::thread::spawn(move || serve(&[(Proto::Udp, addr)], 2));
+        let mut client = UdpClient::default();
+        let mut buf = [0u8; 128];
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while client.exchange(&addr, &mut buf).is_err() && Instant::now() < deadline {}
+        load_counts_every_reply(Proto::Udp, addr);
+        assert_eq!("udp".parse::<Proto>().unwrap(), Proto::Udp);
+        assert_eq!(Proto::Udp.to_string(), "udp");
     }
 }

@@ -1,13 +1,17 @@
-//! The datapath half of `cargo xtask bench`: short-connection throughput and latency through
-//! the socket LB, kube-proxy-shaped iptables and nftables rules, and direct connections, with
-//! N services installed; and, for iptables and nftables, the time one service change takes.
+//! The datapath half of `cargo xtask bench`: short-connection (TCP) and request/response
+//! datagram (UDP) throughput and latency through the socket LB, kube-proxy-shaped iptables and
+//! nftables rules, and direct connections, with N services installed; for iptables and
+//! nftables, the time one service change takes; and for the socket LB, what each of its
+//! programs costs per call next to a do-nothing program ([`hooks`]).
 //!
 //! Everything runs in a [`Topology`] (its own namespaces, child cgroup and pin dir, removed on
-//! drop): one backend namespace with four TCP servers, and a client namespace where the load
-//! generator runs. The netfilter rules and the 241.0.0.0/8 route they need live only in the
-//! client namespace, which has no route off the machine. Modes are measured one at a time
-//! against the same backends.
+//! drop): one backend namespace with four TCP and four UDP servers (IPv4 and IPv6), and a
+//! client namespace where the load generator runs. The netfilter rules and the 241.0.0.0/8
+//! route they need live only in the client namespace, which has no route off the machine.
+//! Modes are measured one at a time against the same backends, TCP services first, then as
+//! many UDP services.
 
+pub mod hooks;
 pub mod load;
 pub mod rules;
 
@@ -15,9 +19,9 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     fmt, fs,
     io::{BufRead as _, Read as _, Write as _},
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4},
     os::{fd::AsRawFd as _, unix::process::CommandExt as _},
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Child, Command, Stdio},
     str::FromStr,
     time::{Duration, Instant},
@@ -32,7 +36,9 @@ use crate::{
 };
 
 use super::stats::median;
+use hooks::{Floor, HookCost, StatsGuard, Window};
 use load::LoadResult;
+pub use load::Proto;
 use rules::Service;
 
 /// How new connections reach a backend.
@@ -83,6 +89,8 @@ impl FromStr for Mode {
 pub struct DatapathOptions {
     /// Installed service counts, measured in this order.
     pub services: Vec<usize>,
+    /// Transports, measured in this order for each service count (N services of each).
+    pub protos: Vec<Proto>,
     /// Modes, measured one after the other for each service count.
     pub modes: Vec<Mode>,
     /// Measured load time per (mode, N); a warm-up of a fifth of it (0.2 to 1 s) comes first.
@@ -105,6 +113,7 @@ impl DatapathOptions {
     pub fn quick(work_dir: PathBuf) -> Self {
         DatapathOptions {
             services: vec![1, 1000],
+            protos: vec![Proto::Tcp, Proto::Udp],
             modes: Mode::ALL.to_vec(),
             duration: Duration::from_secs(2),
             threads: 4,
@@ -128,13 +137,16 @@ impl DatapathOptions {
 #[derive(Clone, Debug, Serialize)]
 pub struct Throughput {
     pub mode: Mode,
+    /// TCP: one connection per exchange; UDP: one datagram and its reply per exchange.
+    pub proto: Proto,
     pub services: usize,
-    /// Completed connections (connect, request, reply) in the measured period (all of
-    /// socket-lb's runs; its rate is the median run's).
+    /// Completed exchanges (TCP: connect, request, reply; UDP: request and reply datagrams) in
+    /// the measured period (all of socket-lb's runs; its rate is the median run's).
     pub connections: u64,
     pub failures: u64,
+    /// Exchanges per second: connections per second for TCP, request/reply pairs for UDP.
     pub conns_per_sec: f64,
-    /// Per-connection latency, connect() through the reply.
+    /// Per-exchange latency, connect() (or sendto()) through the reply.
     pub p50_us: f64,
     pub p99_us: f64,
     /// Time to program all N services: socket-lb from agent start to its "maps synced" log
@@ -160,9 +172,10 @@ pub struct Throughput {
 }
 
 impl Throughput {
-    fn empty(mode: Mode, services: usize) -> Self {
+    fn empty(mode: Mode, proto: Proto, services: usize) -> Self {
         Throughput {
             mode,
+            proto,
             services,
             connections: 0,
             failures: 0,
@@ -194,11 +207,15 @@ pub struct ChangeTime {
 pub struct DatapathReport {
     pub throughput: Vec<Throughput>,
     pub change: Vec<ChangeTime>,
+    /// The socket LB's programs per call, against a do-nothing program on the same calls.
+    pub hooks: Vec<HookCost>,
     pub notes: Vec<String>,
 }
 
-/// The four backends: `10.99.1.10..13:8080` in the topology's one backend namespace.
+/// The four backends: `10.99.1.10..13` (and their IPv6 twins, see [`rules::endpoint6`]) in
+/// the topology's one backend namespace, TCP on 8080 and UDP on 8053.
 const BACKEND_PORT: u16 = 8080;
+const UDP_BACKEND_PORT: u16 = 8053;
 const BACKEND_HOSTS: [u8; 4] = [10, 11, 12, 13];
 /// Services the load is spread over at most (a random subset when N is larger).
 const MAX_TARGETS: usize = 1000;
@@ -212,6 +229,9 @@ const MIN_PREDICT_SERVICES: usize = 1000;
 pub const PAIRED_ROUNDS: usize = 3;
 /// Change samples of one (mode, N) stop after this much command time (at least 3 are taken).
 const CHANGE_BUDGET: Duration = Duration::from_secs(90);
+/// The extra socket-lb loads that only feed the per-hook costs (IPv6 VIPs, non-VIP addresses)
+/// run this long at most.
+const HOOK_LOAD: Duration = Duration::from_secs(2);
 
 /// `mcs-loadgen`: `MCS_LOADGEN_BIN`, else next to the running executable.
 pub fn loadgen_bin() -> PathBuf {
@@ -249,13 +269,14 @@ pub fn run(opts: &DatapathOptions) -> anyhow::Result<DatapathReport> {
         ..DatapathReport::default()
     };
     for &n in &opts.services {
-        let svcs = rules::services(n, &bench.backends);
-        for &mode in &opts.modes {
-            let (tp, change) = bench
-                .measure(mode, &svcs, &mut report.notes)
-                .with_context(|| format!("{mode} with {n} services"))?;
-            report.throughput.push(tp);
-            report.change.extend(change);
+        for &proto in &opts.protos {
+            let svcs = rules::services(n, bench.backends(proto), proto);
+            for &mode in &opts.modes {
+                let tp = bench
+                    .measure(mode, &svcs, &mut report)
+                    .with_context(|| format!("{mode} with {n} {proto} services"))?;
+                report.throughput.push(tp);
+            }
         }
     }
     Ok(report)
@@ -273,29 +294,44 @@ impl Drop for ChildGuard {
 
 struct Bench<'a> {
     opts: &'a DatapathOptions,
-    // Field order is drop order: the server goes before the topology's namespaces.
+    // Field order is drop order: the server and the do-nothing programs go before the
+    // topology's namespaces and cgroup.
     _server: ChildGuard,
+    floor: Floor,
     topo: Topology,
     backends: Vec<SocketAddrV4>,
-    /// The last measured install per netfilter mode: (N, seconds).
+    udp_backends: Vec<SocketAddrV4>,
+    /// The last measured install per netfilter mode and protocol: (N, seconds).
     last_install: BTreeMap<String, (usize, f64)>,
 }
 
 impl<'a> Bench<'a> {
     fn new(opts: &'a DatapathOptions) -> anyhow::Result<Self> {
         let topo = Topology::new(&["bench"])?;
-        let backends: Vec<SocketAddrV4> = BACKEND_HOSTS
-            .iter()
-            .map(|h| SocketAddrV4::new(Ipv4Addr::new(10, 99, 1, *h), BACKEND_PORT))
-            .collect();
+        let at = |port| -> Vec<SocketAddrV4> {
+            BACKEND_HOSTS
+                .iter()
+                .map(|h| SocketAddrV4::new(Ipv4Addr::new(10, 99, 1, *h), port))
+                .collect()
+        };
+        let backends = at(BACKEND_PORT);
+        let udp_backends = at(UDP_BACKEND_PORT);
         for b in &backends {
             topo.add_address("bench", (*b.ip()).into())?;
+            topo.add_address("bench", (*rules::endpoint6(*b).ip()).into())?;
         }
         let netns = topo.cluster("bench").netns.clone();
+        let mut listens = Vec::new();
+        for (proto, list) in [("tcp", &backends), ("udp", &udp_backends)] {
+            for b in list {
+                listens.push(format!("{proto}:{b}"));
+                listens.push(format!("{proto}:{}", rules::endpoint6(*b)));
+            }
+        }
         let mut cmd = Command::new(loadgen_bin());
         die_with_parent(&mut cmd)
             .args(["serve", "--netns", &netns, "--threads", "8"])
-            .args(backends.iter().map(|b| b.to_string()))
+            .args(&listens)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         let mut server = ChildGuard(cmd.spawn().context("starting mcs-loadgen serve")?);
@@ -316,13 +352,23 @@ impl<'a> Bench<'a> {
                 "echo '1024 65535' > /proc/sys/net/ipv4/ip_local_port_range && echo 1 > /proc/sys/net/ipv4/tcp_tw_reuse",
             ],
         )?;
+        let floor = Floor::attach(&topo.cgroup)?;
         Ok(Bench {
             opts,
             _server: server,
+            floor,
             topo,
             backends,
+            udp_backends,
             last_install: BTreeMap::new(),
         })
+    }
+
+    fn backends(&self, proto: Proto) -> &[SocketAddrV4] {
+        match proto {
+            Proto::Tcp => &self.backends,
+            Proto::Udp => &self.udp_backends,
+        }
     }
 
     fn environment_notes(&self) -> Vec<String> {
@@ -343,7 +389,7 @@ impl<'a> Bench<'a> {
             ),
             format!("nft: {}", first_line("nft", &["-V"])),
             format!(
-                "kernel {}, {} CPUs; load generator: {} threads, one connection at a time each (connect, 3-byte request, reply, RST close)",
+                "kernel {}, {} CPUs; load generator: {} threads, one exchange at a time each: TCP connect, 3-byte request, reply, RST close; UDP a numbered request datagram and its reply, from 8 unconnected sockets per thread used in turn",
                 read("/proc/sys/kernel/osrelease"),
                 std::thread::available_parallelism().map_or(0, |n| n.get()),
                 self.opts.threads
@@ -361,45 +407,71 @@ impl<'a> Bench<'a> {
         notes
     }
 
+    /// Measures one mode with `svcs` (all of one protocol) installed; adds its notes, change
+    /// times and hook costs to `report` and returns its throughput row.
     fn measure(
         &mut self,
         mode: Mode,
         svcs: &[Service],
-        notes: &mut Vec<String>,
-    ) -> anyhow::Result<(Throughput, Option<ChangeTime>)> {
+        report: &mut DatapathReport,
+    ) -> anyhow::Result<Throughput> {
         let n = svcs.len();
-        let (targets, expected) = self.targets(mode, svcs);
-        let mut change = None;
+        let proto = svcs.first().map_or(Proto::Tcp, |s| s.proto);
+        let (targets, expected) = self.targets(mode, proto, svcs);
         let mut paired = None;
         let mut median_rate = None;
         let (install_secs, result) = match mode {
-            Mode::Direct => (0.0, self.load(&targets, false)?),
+            Mode::Direct => (0.0, self.load(proto, &targets, false, self.opts.duration)?),
             Mode::SocketLb => {
                 let (install, synced_us, mut agent) = self.install_agent(svcs)?;
-                notes.push(format!(
-                    "socket-lb N={n}: agent up and all {n} services in the maps after {install:.3} s (its map sync itself: {:.3} s)",
+                report.notes.push(format!(
+                    "socket-lb N={n} {proto}: agent up and all {n} services in the maps after {install:.3} s (its map sync itself: {:.3} s)",
                     synced_us as f64 / 1e6
                 ));
                 // The kernel counts each program's runs and run time only while some process
                 // holds a stats fd; this one is dropped with the branch.
-                let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
-                let hook_before = connect_hook_stats(&self.topo.pin_dir);
-                let direct_targets = self.backends.clone();
+                let _stats = StatsGuard::enable()?;
+                let pin = self.topo.pin_dir.clone();
+                let vip_hooks: &[(&'static str, &str)] = match proto {
+                    Proto::Tcp => &[("connect4", "TCP connects to VIPs")],
+                    Proto::Udp => &[
+                        ("sendmsg4", "UDP datagrams sent to VIPs (unconnected)"),
+                        ("recvmsg4", "UDP replies received from VIPs"),
+                    ],
+                };
+                let window = Window::open(&pin, &self.floor, n, vip_hooks)?;
+                let direct_targets = self.direct_targets(proto);
                 let mut rounds = Vec::with_capacity(PAIRED_ROUNDS);
                 let mut direct_cps = Vec::with_capacity(PAIRED_ROUNDS);
                 for _ in 0..PAIRED_ROUNDS {
-                    rounds.push(self.load(&targets, true)?);
-                    direct_cps.push(self.load(&direct_targets, false)?.conns_per_sec());
+                    rounds.push(self.load(proto, &targets, true, self.opts.duration)?);
+                    direct_cps.push(
+                        self.load(proto, &direct_targets, false, self.opts.duration)?
+                            .conns_per_sec(),
+                    );
                 }
-                if let (Some((runs0, ns0)), Some((runs1, ns1))) =
-                    (hook_before, connect_hook_stats(&self.topo.pin_dir))
-                    && runs1 > runs0
-                {
-                    notes.push(format!(
-                        "socket-lb N={n}: the connect4 program ran {} times during the runs, {:.0} ns per call on average (kernel BPF run-time stats)",
-                        runs1 - runs0,
-                        (ns1 - ns0) as f64 / (runs1 - runs0) as f64
-                    ));
+                report.hooks.extend(window.close());
+                if proto == Proto::Tcp {
+                    let hook_load = self.opts.duration.min(HOOK_LOAD);
+                    let window = Window::open(
+                        &pin,
+                        &self.floor,
+                        n,
+                        &[("connect6", "TCP connects to IPv6 VIPs")],
+                    )?;
+                    let v6 = self.load(proto, &self.targets6(svcs), true, hook_load)?;
+                    if v6.failures > 0 || v6.connections == 0 {
+                        bail!("connects to the IPv6 VIPs failed: {:?}", v6.errors);
+                    }
+                    report.hooks.extend(window.close());
+                    let window = Window::open(
+                        &pin,
+                        &self.floor,
+                        n,
+                        &[("connect4", "TCP connects to addresses that are not VIPs")],
+                    )?;
+                    self.load(proto, &direct_targets, true, hook_load)?;
+                    report.hooks.extend(window.close());
                 }
                 if !agent.running() {
                     bail!("the agent exited during the run:\n{}", agent.log_text());
@@ -412,13 +484,19 @@ impl<'a> Bench<'a> {
                 (install, all)
             }
             Mode::Iptables | Mode::Nftables => {
-                if let Some(why) = self.over_budget(mode, n) {
-                    notes.push(format!("{mode} N={n}: not measured: {why}"));
-                    let mut tp = Throughput::empty(mode, n);
+                if let Some(why) = self.over_budget(mode, proto, n) {
+                    report
+                        .notes
+                        .push(format!("{mode} N={n} {proto}: not measured: {why}"));
+                    let mut tp = Throughput::empty(mode, proto, n);
                     tp.skipped = Some(why);
-                    return Ok((tp, None));
+                    return Ok(tp);
                 }
-                paired = Some(self.load(&self.backends, false)?.conns_per_sec());
+                let direct_targets = self.direct_targets(proto);
+                paired = Some(
+                    self.load(proto, &direct_targets, false, self.opts.duration)?
+                        .conns_per_sec(),
+                );
                 let mut guard = NetfilterGuard::new(&self.topo.client, mode)?;
                 let text = if mode == Mode::Iptables {
                     rules::iptables_full(svcs)
@@ -426,27 +504,32 @@ impl<'a> Bench<'a> {
                     rules::nft_full(svcs)
                 };
                 let install = self.apply(mode, &text, false, INSTALL_TIMEOUT)?;
-                notes.push(format!(
-                    "{mode} N={n}: install of {} lines ({:.1} MB) took {:.3} s",
+                report.notes.push(format!(
+                    "{mode} N={n} {proto}: install of {} lines ({:.1} MB) took {:.3} s",
                     text.lines().count(),
                     text.len() as f64 / 1e6,
                     install.as_secs_f64()
                 ));
                 self.last_install
-                    .insert(mode.to_string(), (n, install.as_secs_f64()));
-                let r = self.load(&targets, false)?;
+                    .insert(format!("{mode}/{proto}"), (n, install.as_secs_f64()));
+                let r = self.load(proto, &targets, false, self.opts.duration)?;
                 if let Some(count) = self.conntrack_count() {
-                    notes.push(format!(
-                        "{mode} N={n}: {count} conntrack entries in the client namespace after the run (expired ones included until the kernel's lazy garbage collection reaps them)"
+                    report.notes.push(format!(
+                        "{mode} N={n} {proto}: {count} conntrack entries in the client namespace after the run (expired ones included until the kernel's lazy garbage collection reaps them)"
                     ));
                 }
-                change = Some(self.changes(mode, svcs, notes)?);
+                // A rule change costs the same whatever the protocol: timed with TCP only.
+                if proto == Proto::Tcp {
+                    let change = self.changes(mode, svcs, &mut report.notes)?;
+                    report.change.push(change);
+                }
                 guard.cleanup()?;
                 (install.as_secs_f64(), r)
             }
         };
-        let tp = Throughput {
+        Ok(Throughput {
             mode,
+            proto,
             services: n,
             connections: result.connections,
             failures: result.failures,
@@ -460,27 +543,21 @@ impl<'a> Bench<'a> {
             errors: result.errors,
             skipped: None,
             paired_direct_cps: paired,
-        };
-        Ok((tp, change))
+        })
     }
 
     /// Why installing `mode` at `n` services would blow the install budget, if it would.
-    fn over_budget(&self, mode: Mode, n: usize) -> Option<String> {
+    fn over_budget(&self, mode: Mode, proto: Proto, n: usize) -> Option<String> {
         over_budget(
-            self.last_install.get(&mode.to_string()).copied(),
+            self.last_install.get(&format!("{mode}/{proto}")).copied(),
             n,
             self.opts.install_budget,
         )
     }
 
-    /// The addresses the load goes to and the backends that may answer: a random subset of at
-    /// most 1000 VIPs (seeded by N, so every mode hits the same services), or the backends.
-    fn targets(&self, mode: Mode, svcs: &[Service]) -> (Vec<SocketAddrV4>, Vec<String>) {
-        if !mode.via_vip() {
-            let t = self.backends.clone();
-            let e = t.iter().map(|b| b.to_string()).collect();
-            return (t, e);
-        }
+    /// The services the load goes to: a random subset of at most 1000 (seeded by N, so every
+    /// mode and protocol hits the same services).
+    fn chosen(svcs: &[Service]) -> Vec<usize> {
         let mut idx: Vec<usize> = (0..svcs.len()).collect();
         let mut rng = (svcs.len() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         let k = svcs.len().min(MAX_TARGETS);
@@ -491,10 +568,35 @@ impl<'a> Bench<'a> {
             let j = i + (rng % (svcs.len() - i) as u64) as usize;
             idx.swap(i, j);
         }
-        let chosen = &idx[..k];
+        idx.truncate(k);
+        idx
+    }
+
+    /// The backends' own addresses for `proto`.
+    fn direct_targets(&self, proto: Proto) -> Vec<SocketAddr> {
+        self.backends(proto)
+            .iter()
+            .map(|b| SocketAddr::V4(*b))
+            .collect()
+    }
+
+    /// The addresses the load goes to and the backends that may answer: the VIPs of the
+    /// [`Self::chosen`] services, or the backends.
+    fn targets(
+        &self,
+        mode: Mode,
+        proto: Proto,
+        svcs: &[Service],
+    ) -> (Vec<SocketAddr>, Vec<String>) {
+        if !mode.via_vip() {
+            let t = self.direct_targets(proto);
+            let e = t.iter().map(|b| b.to_string()).collect();
+            return (t, e);
+        }
+        let chosen = Self::chosen(svcs);
         let targets = chosen
             .iter()
-            .map(|&i| SocketAddrV4::new(svcs[i].vip, svcs[i].port))
+            .map(|&i| SocketAddr::new(IpAddr::V4(svcs[i].vip), svcs[i].port))
             .collect();
         let expected: BTreeSet<String> = chosen
             .iter()
@@ -503,26 +605,40 @@ impl<'a> Bench<'a> {
         (targets, expected.into_iter().collect())
     }
 
+    /// The IPv6 VIPs of the [`Self::chosen`] services (the agent's services are dual-stack).
+    fn targets6(&self, svcs: &[Service]) -> Vec<SocketAddr> {
+        Self::chosen(svcs)
+            .iter()
+            .map(|&i| SocketAddr::new(IpAddr::V6(svcs[i].vip6()), svcs[i].port))
+            .collect()
+    }
+
     /// Runs the load generator in the client namespace (and, for socket-lb, the cgroup).
-    fn load(&self, targets: &[SocketAddrV4], in_cgroup: bool) -> anyhow::Result<LoadResult> {
+    fn load(
+        &self,
+        proto: Proto,
+        targets: &[SocketAddr],
+        in_cgroup: bool,
+        duration: Duration,
+    ) -> anyhow::Result<LoadResult> {
         let file = self.opts.work_dir.join("targets.txt");
         let text: String = targets.iter().map(|t| format!("{t}\n")).collect();
         fs::write(&file, text)?;
-        let warmup =
-            (self.opts.duration / 5).clamp(Duration::from_millis(200), Duration::from_secs(1));
+        let warmup = (duration / 5).clamp(Duration::from_millis(200), Duration::from_secs(1));
         let mut cmd = Command::new(loadgen_bin());
         die_with_parent(&mut cmd)
             .args(["load", "--netns", &self.topo.client])
+            .args(["--proto", &proto.to_string()])
             .args(["--threads", &self.opts.threads.to_string()])
             .args(["--warmup-ms", &warmup.as_millis().to_string()])
-            .args(["--duration-ms", &self.opts.duration.as_millis().to_string()])
+            .args(["--duration-ms", &duration.as_millis().to_string()])
             .args(["--max-conns", &MAX_CONNS.to_string()])
             .arg("--targets")
             .arg(&file);
         if in_cgroup {
             cmd.arg("--cgroup").arg(&self.topo.cgroup);
         }
-        let timeout = warmup + self.opts.duration + Duration::from_secs(30);
+        let timeout = warmup + duration + Duration::from_secs(30);
         let (_, out) = run_bounded(&mut cmd, None, timeout)?;
         let line = out.lines().last().unwrap_or_default();
         serde_json::from_str(line).with_context(|| format!("load generator printed {out:?}"))
@@ -537,9 +653,11 @@ impl<'a> Bench<'a> {
         let _ = fs::remove_dir_all(&input);
         fs::create_dir_all(&input)?;
         fs::write(input.join("services.yaml"), rules::node_yaml(svcs))?;
-        // Room for every frontend plus its refusing wildcard, and up to 4 slots each.
-        let frontends = (2 * n + 1024).max(65_536).next_power_of_two();
-        let slots = (6 * n + 1024).max(262_144);
+        // Dual-stack services: per family a frontend and its refusing wildcard (counters and
+        // names are shared by both families), and up to 4 slots per frontend, with room for a
+        // change's second bank.
+        let frontends = (4 * n + 1024).max(65_536).next_power_of_two();
+        let slots = (12 * n + 1024).max(262_144);
         let input_s = input.display().to_string();
         let args = [
             "node",
@@ -744,20 +862,6 @@ fn synced(log: &str, n: usize) -> anyhow::Result<Option<u64>> {
         ));
     }
     Ok(None)
-}
-
-/// (runs, total run time in ns) of the connect4 program linked under `pin_dir`.
-fn connect_hook_stats(pin_dir: &Path) -> Option<(u64, u64)> {
-    let inspection = dataplane_agent::bpf::inspect::inspect(pin_dir).ok()?;
-    let id = inspection
-        .links
-        .iter()
-        .find(|l| l.program == "connect4")?
-        .program_id;
-    let info = aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .find(|p| p.id() == id)?;
-    Some((info.run_count(), info.run_time().as_nanos() as u64))
 }
 
 fn tail(s: &str, max: usize) -> &str {

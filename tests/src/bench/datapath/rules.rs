@@ -4,23 +4,28 @@
 
 use std::{
     fmt::Write as _,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddrV4, SocketAddrV6},
 };
+
+use super::load::Proto;
 
 /// The namespace every bench service lives in.
 pub const NAMESPACE: &str = "bench";
-/// The service port every bench service exposes (TCP).
+/// The service port every TCP bench service exposes.
 pub const SERVICE_PORT: u16 = 80;
+/// The service port every UDP bench service exposes.
+pub const UDP_SERVICE_PORT: u16 = 53;
 /// Source range treated as "pod traffic", as kube-proxy's `--cluster-cidr`: the client is in
 /// it, so the masquerade-mark rules are evaluated but do not fire (the pod-to-service path).
 pub const CLUSTER_CIDR: &str = "10.99.0.0/16";
 /// kube-proxy's default masquerade mark bit.
 const MASQ_MARK: &str = "0x4000";
 
-/// One ClusterSet-IP service with its TCP endpoints.
+/// One ClusterSet-IP service with its endpoints, all of one protocol.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Service {
     pub index: usize,
+    pub proto: Proto,
     pub vip: Ipv4Addr,
     pub port: u16,
     pub endpoints: Vec<SocketAddrV4>,
@@ -28,32 +33,75 @@ pub struct Service {
 
 impl Service {
     pub fn name(&self) -> String {
-        format!("svc-{}", self.index)
+        match self.proto {
+            Proto::Tcp => format!("svc-{}", self.index),
+            Proto::Udp => format!("udp-{}", self.index),
+        }
+    }
+
+    fn port_label(&self) -> &'static str {
+        match self.proto {
+            Proto::Tcp => "http",
+            Proto::Udp => "dns",
+        }
     }
 
     /// `namespace/name:port-name`, the service-port name kube-proxy hashes and comments with.
     fn port_name(&self) -> String {
-        format!("{NAMESPACE}/{}:http", self.name())
+        format!("{NAMESPACE}/{}:{}", self.name(), self.port_label())
+    }
+
+    /// The service's IPv6 VIP (the agent's services are dual-stack; see [`vip6`]).
+    pub fn vip6(&self) -> Ipv6Addr {
+        vip6(self.index, self.proto)
     }
 }
 
-/// The VIP of service `index`: 241.0.0.1 upwards (241.0.0.0/8; 50k services span one /16 and
-/// a bit of the next).
-pub fn vip(index: usize) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from(Ipv4Addr::new(241, 0, 0, 1)) + index as u32)
+/// The VIP of service `index`: 241.0.0.1 upwards for TCP, 241.128.0.1 upwards for UDP
+/// (241.0.0.0/8; 50k services span one /16 and a bit of the next).
+pub fn vip(index: usize, proto: Proto) -> Ipv4Addr {
+    let base = match proto {
+        Proto::Tcp => Ipv4Addr::new(241, 0, 0, 1),
+        Proto::Udp => Ipv4Addr::new(241, 128, 0, 1),
+    };
+    Ipv4Addr::from(u32::from(base) + index as u32)
 }
 
-/// `n` services over `backends`: service `i` gets 2, 3 or 4 endpoints (`i % 3`), starting at
-/// backend `i % len`, so every backend serves many services.
-pub fn services(n: usize, backends: &[SocketAddrV4]) -> Vec<Service> {
+/// The IPv6 VIP of service `index`: `fd00:241::1` upwards for TCP, `fd00:241::8000:1`
+/// upwards for UDP.
+pub fn vip6(index: usize, proto: Proto) -> Ipv6Addr {
+    let base: u128 = match proto {
+        Proto::Tcp => 0xfd00_0241 << 96 | 1,
+        Proto::Udp => 0xfd00_0241 << 96 | 0x8000_0001,
+    };
+    Ipv6Addr::from(base + index as u128)
+}
+
+/// The IPv6 twin of an IPv4 endpoint `10.99.c.h:p`: `[fd00:99:c::h]:p`, with `c` and `h`
+/// written in decimal digits (as `tests::netns` numbers the test addresses).
+pub fn endpoint6(ep: SocketAddrV4) -> SocketAddrV6 {
+    let [_, _, c, h] = ep.ip().octets();
+    let ip = format!("fd00:99:{c}::{h}")
+        .parse::<Ipv6Addr>()
+        .unwrap_or(Ipv6Addr::UNSPECIFIED);
+    SocketAddrV6::new(ip, ep.port(), 0, 0)
+}
+
+/// `n` services of `proto` over `backends`: service `i` gets 2, 3 or 4 endpoints (`i % 3`),
+/// starting at backend `i % len`, so every backend serves many services.
+pub fn services(n: usize, backends: &[SocketAddrV4], proto: Proto) -> Vec<Service> {
     (0..n)
         .map(|i| {
             let k = (2 + i % 3).min(backends.len());
             let endpoints = (0..k).map(|j| backends[(i + j) % backends.len()]).collect();
             Service {
                 index: i,
-                vip: vip(i),
-                port: SERVICE_PORT,
+                proto,
+                vip: vip(i, proto),
+                port: match proto {
+                    Proto::Tcp => SERVICE_PORT,
+                    Proto::Udp => UDP_SERVICE_PORT,
+                },
                 endpoints,
             }
         })
@@ -75,14 +123,17 @@ fn hash(parts: &[&str]) -> u64 {
 
 /// `KUBE-SVC-<16 hex>` (25 characters; iptables allows 28).
 pub fn svc_chain(s: &Service) -> String {
-    format!("KUBE-SVC-{:016X}", hash(&[&s.port_name(), "tcp"]))
+    format!(
+        "KUBE-SVC-{:016X}",
+        hash(&[&s.port_name(), &s.proto.to_string()])
+    )
 }
 
 /// `KUBE-SEP-<16 hex>`, per service port and endpoint.
 pub fn sep_chain(s: &Service, ep: SocketAddrV4) -> String {
     format!(
         "KUBE-SEP-{:016X}",
-        hash(&[&s.port_name(), "tcp", &ep.to_string()])
+        hash(&[&s.port_name(), &s.proto.to_string(), &ep.to_string()])
     )
 }
 
@@ -121,9 +172,10 @@ fn nat_common_rules(out: &mut String) {
 /// the node-port catch-all kube-proxy always keeps last.
 fn services_chain_rules(out: &mut String, svcs: &[Service]) {
     for s in svcs {
+        let p = s.proto;
         let _ = writeln!(
             out,
-            "-A KUBE-SERVICES -m comment --comment \"{} cluster IP\" -m tcp -p tcp -d {}/32 --dport {} -j {}",
+            "-A KUBE-SERVICES -m comment --comment \"{} cluster IP\" -m {p} -p {p} -d {}/32 --dport {} -j {}",
             s.port_name(),
             s.vip,
             s.port,
@@ -141,8 +193,10 @@ fn svc_rules(out: &mut String, s: &Service) {
     let name = s.port_name();
     let _ = writeln!(
         out,
-        "-A {svc} -m comment --comment \"{name} cluster IP\" -m tcp -p tcp -d {}/32 --dport {} ! -s {CLUSTER_CIDR} -j KUBE-MARK-MASQ",
-        s.vip, s.port
+        "-A {svc} -m comment --comment \"{name} cluster IP\" -m {p} -p {p} -d {}/32 --dport {} ! -s {CLUSTER_CIDR} -j KUBE-MARK-MASQ",
+        s.vip,
+        s.port,
+        p = s.proto
     );
     let k = s.endpoints.len();
     for (j, ep) in s.endpoints.iter().enumerate() {
@@ -173,7 +227,8 @@ fn sep_rules(out: &mut String, s: &Service, ep: SocketAddrV4) {
     );
     let _ = writeln!(
         out,
-        "-A {sep} -m comment --comment \"{name}\" -m tcp -p tcp -j DNAT --to-destination {ep}"
+        "-A {sep} -m comment --comment \"{name}\" -m {p} -p {p} -j DNAT --to-destination {ep}",
+        p = s.proto
     );
 }
 
@@ -276,16 +331,18 @@ pub const NFT_TABLE: &str = "ip kube-proxy";
 
 fn nft_service_chain(s: &Service) -> String {
     format!(
-        "service-{:08X}-{NAMESPACE}/{}/tcp/http",
-        hash(&[&s.port_name(), "tcp"]) as u32,
-        s.name()
+        "service-{:08X}-{NAMESPACE}/{}/{}/{}",
+        hash(&[&s.port_name(), &s.proto.to_string()]) as u32,
+        s.name(),
+        s.proto,
+        s.port_label()
     )
 }
 
 fn nft_endpoint_chain(s: &Service, ep: SocketAddrV4) -> String {
     format!(
         "endpoint-{:08X}-{NAMESPACE}/{}/tcp/http__{}/{}",
-        hash(&[&s.port_name(), "tcp", &ep.to_string()]) as u32,
+        hash(&[&s.port_name(), &s.proto.to_string(), &ep.to_string()]) as u32,
         s.name(),
         ep.ip(),
         ep.port()
@@ -298,8 +355,8 @@ fn nft_service_rules(out: &mut String, s: &Service) {
     let chain = nft_service_chain(s);
     let _ = writeln!(
         out,
-        "add rule {NFT_TABLE} {chain} ip daddr {} tcp dport {} ip saddr != {CLUSTER_CIDR} jump mark-for-masquerade",
-        s.vip, s.port
+        "add rule {NFT_TABLE} {chain} ip daddr {} {} dport {} ip saddr != {CLUSTER_CIDR} jump mark-for-masquerade",
+        s.vip, s.proto, s.port
     );
     let arms: Vec<String> = s
         .endpoints
@@ -324,7 +381,8 @@ fn nft_endpoint_rules(out: &mut String, s: &Service, ep: SocketAddrV4) {
     );
     let _ = writeln!(
         out,
-        "add rule {NFT_TABLE} {chain} meta l4proto tcp dnat to {ep}"
+        "add rule {NFT_TABLE} {chain} meta l4proto {} dnat to {ep}",
+        s.proto
     );
 }
 
@@ -378,8 +436,9 @@ pub fn nft_full(svcs: &[Service]) -> String {
             .iter()
             .map(|s| {
                 format!(
-                    "{} . tcp . {} : goto {}",
+                    "{} . {} . {} : goto {}",
                     s.vip,
+                    s.proto,
                     s.port,
                     nft_service_chain(s)
                 )
@@ -430,33 +489,55 @@ pub fn nft_change(changed: &Service, old: &[SocketAddrV4]) -> String {
     out
 }
 
-/// The agent's node-role input: one ServiceImport and one imported EndpointSlice per service
-/// (source cluster `bench`), flow-style YAML documents.
+/// The agent's node-role input: one dual-stack ServiceImport (the IPv4 VIP of [`vip`] and the
+/// IPv6 one of [`vip6`]) and one imported EndpointSlice per family (source cluster `bench`,
+/// IPv6 endpoints from [`endpoint6`]) per service, flow-style YAML documents.
 pub fn node_yaml(svcs: &[Service]) -> String {
-    let mut out = String::with_capacity(svcs.len() * 700);
+    let mut out = String::with_capacity(svcs.len() * 1200);
     for s in svcs {
         let name = s.name();
+        let proto = s.proto.to_string().to_uppercase();
+        let label = s.port_label();
         let _ = write!(
             out,
             "---\napiVersion: multicluster.x-k8s.io/v1beta1\nkind: ServiceImport\n\
              metadata: {{name: {name}, namespace: {NAMESPACE}}}\n\
-             spec: {{type: ClusterSetIP, ips: [{}], ipFamilies: [IPv4], ports: [{{name: http, protocol: TCP, port: {}}}]}}\n",
-            s.vip, s.port
+             spec: {{type: ClusterSetIP, ips: [{}, \"{}\"], ipFamilies: [IPv4, IPv6], ports: [{{name: {label}, protocol: {proto}, port: {}}}]}}\n",
+            s.vip,
+            s.vip6(),
+            s.port
         );
         // One slice port per distinct endpoint port (all bench backends share one).
         let port = s.endpoints.first().map(|e| e.port()).unwrap_or(0);
-        let eps: Vec<String> = s
-            .endpoints
-            .iter()
-            .map(|e| format!("{{addresses: [{}]}}", e.ip()))
-            .collect();
-        let _ = write!(
-            out,
-            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
-             metadata: {{name: {name}-bench-ipv4, namespace: {NAMESPACE}, labels: {{multicluster.kubernetes.io/service-name: {name}, multicluster.kubernetes.io/source-cluster: bench}}}}\n\
-             addressType: IPv4\nports: [{{name: http, protocol: TCP, port: {port}}}]\nendpoints: [{}]\n",
-            eps.join(", ")
-        );
+        for (family, addrs) in [
+            (
+                "IPv4",
+                s.endpoints
+                    .iter()
+                    .map(|e| e.ip().to_string())
+                    .collect::<Vec<_>>(),
+            ),
+            (
+                "IPv6",
+                s.endpoints
+                    .iter()
+                    .map(|e| format!("\"{}\"", endpoint6(*e).ip()))
+                    .collect(),
+            ),
+        ] {
+            let eps: Vec<String> = addrs
+                .iter()
+                .map(|a| format!("{{addresses: [{a}]}}"))
+                .collect();
+            let _ = write!(
+                out,
+                "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+                 metadata: {{name: {name}-bench-{}, namespace: {NAMESPACE}, labels: {{multicluster.kubernetes.io/service-name: {name}, multicluster.kubernetes.io/source-cluster: bench}}}}\n\
+                 addressType: {family}\nports: [{{name: {label}, protocol: {proto}, port: {port}}}]\nendpoints: [{}]\n",
+                family.to_lowercase(),
+                eps.join(", ")
+            );
+        }
     }
     out
 }
@@ -473,9 +554,19 @@ mod tests {
 
     #[test]
     fn services_spread_over_all_backends() {
-        let svcs = services(12, &backends());
+        let svcs = services(12, &backends(), Proto::Tcp);
         assert_eq!(svcs[0].vip, Ipv4Addr::new(241, 0, 0, 1));
-        assert_eq!(vip(65535), Ipv4Addr::new(241, 1, 0, 0));
+        assert_eq!(vip(65535, Proto::Tcp), Ipv4Addr::new(241, 1, 0, 0));
+        assert_eq!(vip(0, Proto::Udp), Ipv4Addr::new(241, 128, 0, 1));
+        assert_eq!(
+            vip6(0x10, Proto::Tcp),
+            "fd00:241::11".parse::<Ipv6Addr>().unwrap()
+        );
+        assert_eq!(
+            vip6(0, Proto::Udp),
+            "fd00:241::8000:1".parse::<Ipv6Addr>().unwrap()
+        );
+        assert_eq!(endpoint6(backends()[0]).to_string(), "[fd00:99:1::10]:8080");
         assert_eq!(
             svcs.iter().map(|s| s.endpoints.len()).collect::<Vec<_>>(),
             [2, 3, 4, 2, 3, 4, 2, 3, 4, 2, 3, 4]
@@ -492,7 +583,7 @@ mod tests {
 
     #[test]
     fn iptables_full_has_kube_proxy_shape() {
-        let svcs = services(2, &backends());
+        let svcs = services(2, &backends(), Proto::Tcp);
         let text = iptables_full(&svcs);
         let lines: Vec<&str> = text.lines().collect();
         // One jump per service plus the node-port rule.
@@ -531,7 +622,7 @@ mod tests {
 
     #[test]
     fn iptables_change_rewrites_services_and_one_service() {
-        let mut svcs = services(3, &backends());
+        let mut svcs = services(3, &backends(), Proto::Tcp);
         let old = svcs[1].endpoints.clone();
         let gone = old[0];
         svcs[1].endpoints[0] = backends()[0];
@@ -552,7 +643,7 @@ mod tests {
 
     #[test]
     fn nft_text_has_kube_proxy_shape() {
-        let mut svcs = services(2, &backends());
+        let mut svcs = services(2, &backends(), Proto::Tcp);
         let text = nft_full(&svcs);
         assert!(text.contains(
             "add map ip kube-proxy service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; }"
@@ -578,19 +669,44 @@ mod tests {
 
     #[test]
     fn node_yaml_parses_as_imports_and_slices() {
-        let svcs = services(2, &backends());
+        let svcs = services(2, &backends(), Proto::Tcp);
         let text = node_yaml(&svcs);
         let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
             .map(serde_yaml::Value::deserialize)
             .collect::<Result<_, _>>()
             .unwrap();
-        assert_eq!(docs.len(), 4);
+        assert_eq!(docs.len(), 6);
         assert_eq!(docs[0]["spec"]["ips"][0].as_str(), Some("241.0.0.1"));
+        assert_eq!(docs[0]["spec"]["ips"][1].as_str(), Some("fd00:241::1"));
         assert_eq!(
             docs[1]["metadata"]["labels"]["multicluster.kubernetes.io/service-name"].as_str(),
             Some("svc-0")
         );
-        assert_eq!(docs[3]["endpoints"].as_sequence().unwrap().len(), 3);
+        assert_eq!(docs[2]["addressType"].as_str(), Some("IPv6"));
+        assert_eq!(
+            docs[2]["endpoints"][0]["addresses"][0].as_str(),
+            Some("fd00:99:1::10")
+        );
+        assert_eq!(docs[4]["endpoints"].as_sequence().unwrap().len(), 3);
+        let udp = node_yaml(&services(1, &backends(), Proto::Udp));
+        assert!(
+            udp.contains("ports: [{name: dns, protocol: UDP, port: 53}]"),
+            "{udp}"
+        );
+        assert!(udp.contains("name: udp-0,"), "{udp}");
+    }
+
+    #[test]
+    fn udp_rules_match_udp() {
+        let svcs = services(1, &backends(), Proto::Udp);
+        let ipt = iptables_full(&svcs);
+        assert!(ipt.contains("-m udp -p udp -d 241.128.0.1/32 --dport 53 -j KUBE-SVC-"));
+        assert!(ipt.contains("-m udp -p udp -j DNAT --to-destination 10.99.1.10:8080"));
+        assert!(!ipt.contains("-p tcp"));
+        let nft = nft_full(&svcs);
+        assert!(nft.contains("241.128.0.1 . udp . 53 : goto service-"));
+        assert!(nft.contains("meta l4proto udp dnat to 10.99.1.10:8080"));
+        assert!(nft.contains("ip daddr 241.128.0.1 udp dport 53"));
     }
 
     use serde::Deserialize as _;
