@@ -122,6 +122,70 @@ impl DnsArgs {
     }
 }
 
+/// Which ClusterSet IPs and backends the node may program (docs/security.md).
+#[derive(Args, Debug, Clone, Default)]
+pub struct AddressArgs {
+    /// ClusterSet IPs are programmed only inside these CIDRs (comma-separated). Default: the
+    /// ClusterSet CIDRs of the config file or clusterset.yaml, else 241.0.0.0/16 and
+    /// fd00:241::/112. Backends inside them are refused.
+    #[arg(
+        long,
+        value_name = "CIDR[,CIDR...]",
+        env = "MCS_CLUSTERSET_CIDRS",
+        value_delimiter = ','
+    )]
+    pub clusterset_cidrs: Vec<ipnet::IpNet>,
+    /// Backends never programmed, added to the built-in refusals (loopback, link-local,
+    /// multicast, ...) and the cloud metadata addresses.
+    #[arg(
+        long,
+        value_name = "CIDR[,CIDR...]",
+        env = "MCS_DENY_BACKEND_CIDRS",
+        value_delimiter = ','
+    )]
+    pub deny_backend_cidrs: Vec<ipnet::IpNet>,
+    /// Backends of member CLUSTER are programmed only inside CIDR (repeatable; a cluster
+    /// without an entry may use any address the other rules allow).
+    #[arg(long, value_name = "CLUSTER=CIDR", value_parser = parse_cluster_cidr)]
+    pub allowed_backend_cidrs: Vec<(dataplane_core::model::ClusterId, ipnet::IpNet)>,
+}
+
+impl AddressArgs {
+    /// The policy: these flags over the ClusterSet's own `cidrs`.
+    pub fn policy(
+        &self,
+        cidrs: &dataplane_core::merge::ClusterSetCidrs,
+    ) -> dataplane_core::policy::AddressPolicy {
+        let mut policy = dataplane_core::policy::AddressPolicy::for_cidrs(cidrs);
+        if !self.clusterset_cidrs.is_empty() {
+            policy.clusterset_cidrs = self.clusterset_cidrs.clone();
+        }
+        policy
+            .deny_cidrs
+            .extend(self.deny_backend_cidrs.iter().copied());
+        for (cluster, cidr) in &self.allowed_backend_cidrs {
+            policy
+                .allowed_by_cluster
+                .entry(cluster.clone())
+                .or_default()
+                .push(*cidr);
+        }
+        policy
+    }
+}
+
+/// Parses `CLUSTER=CIDR`.
+fn parse_cluster_cidr(s: &str) -> Result<(dataplane_core::model::ClusterId, ipnet::IpNet), String> {
+    let (cluster, cidr) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not CLUSTER=CIDR"))?;
+    let cluster = dataplane_core::model::ClusterId::new(cluster).map_err(|e| e.to_string())?;
+    let cidr = cidr
+        .parse()
+        .map_err(|e| format!("{cidr:?} is not a CIDR: {e}"))?;
+    Ok((cluster, cidr))
+}
+
 #[derive(Args, Debug)]
 pub struct NodeArgs {
     /// Directory of YAML files with the local cluster's ServiceImports and imported EndpointSlices.
@@ -129,6 +193,8 @@ pub struct NodeArgs {
     pub from_dir: PathBuf,
     #[command(flatten)]
     pub dataplane: DataplaneArgs,
+    #[command(flatten)]
+    pub addresses: AddressArgs,
     #[command(flatten)]
     pub dns: DnsArgs,
 }
@@ -184,6 +250,8 @@ pub struct RunArgs {
     pub metrics_address: std::net::SocketAddr,
     #[command(flatten)]
     pub dataplane: DataplaneArgs,
+    #[command(flatten)]
+    pub addresses: AddressArgs,
     #[command(flatten)]
     pub dns: DnsArgs,
 }

@@ -39,8 +39,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Node(args) => {
             let cfg = args.dataplane.loader_config().map_err(anyhow::Error::msg)?;
-            block_on(node::run_from_dir(args.from_dir, &cfg, &args.dns.options()))?
-                .context("node role")
+            let policy = args
+                .addresses
+                .policy(&dataplane_core::merge::ClusterSetCidrs::default());
+            block_on(node::run_from_dir(
+                args.from_dir,
+                &cfg,
+                &args.dns.options(),
+                policy,
+            ))?
+            .context("node role")
         }
         Command::Run(args) => {
             let cfg = args.dataplane.loader_config().map_err(anyhow::Error::msg)?;
@@ -52,6 +60,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     lease_namespace: args.lease_namespace.clone(),
                     telemetry_address: args.metrics_address,
                     dns: args.dns.options(),
+                    policy: args.addresses.policy(&config.clusterset.cidrs),
                 };
                 return Ok(block_on(kube::run(config, config_path, options, cfg))??);
             }
@@ -63,6 +72,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 cluster: args.cluster.clone(),
                 report: args.report.clone(),
                 dns: args.dns.options(),
+                addresses: args.addresses.clone(),
             };
             Ok(block_on(standalone::run(settings, &cfg))??)
         }

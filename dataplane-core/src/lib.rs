@@ -9,6 +9,7 @@
 //! - [`reconcile`]: the controller's decisions: the merge output against the observed objects
 //!   to the writes that make them agree.
 //! - [`plan`]: what `dataplane-agent plan` prints, and the standalone report.
+//! - [`policy`]: which ClusterSet IPs and backends may be programmed at all.
 //! - [`explain`]: why a ClusterSet IP and port reach the clusters they do.
 //!
 //! Nothing here talks to an API server, the kernel, the file system or the network: those are
@@ -59,4 +60,5 @@ pub mod manifest;
 pub mod merge;
 pub mod model;
 pub mod plan;
+pub mod policy;
 pub mod reconcile;

@@ -134,6 +134,32 @@ pub fn build(release: bool) -> anyhow::Result<std::path::PathBuf> {
         .join(if release { "release" } else { "debug" }))
 }
 
+/// The oldest Kubernetes version deploy/ supports (the CEL IP/CIDR library of
+/// deploy/policy/clusterset-ips.yaml needs 1.31).
+const OLDEST_KUBERNETES: &str = "1.31.0";
+
+/// Validates every Kubernetes manifest in deploy/ against the oldest supported version's
+/// schemas, rejecting unknown fields.
+fn validate_deploy() -> anyhow::Result<()> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let mut files = Vec::new();
+    for dir in ["", "crds", "rbac", "policy", "remote"] {
+        for entry in std::fs::read_dir(root.join(dir)).context("reading deploy/")? {
+            let path = entry?.path();
+            // kustomization.yaml is kustomize's, not an API object.
+            if path.extension().is_some_and(|e| e == "yaml")
+                && path.file_name().is_some_and(|n| n != "kustomization.yaml")
+            {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    run(Command::new("kubernetes-validate")
+        .args(["--strict", "--quiet", "-k", OLDEST_KUBERNETES])
+        .args(&files))
+}
+
 fn test(no_setup: bool, args: &[String]) -> anyhow::Result<()> {
     if !no_setup {
         setup::setup()?;
@@ -164,6 +190,7 @@ fn test(no_setup: bool, args: &[String]) -> anyhow::Result<()> {
     build(false)?;
     // The committed CRDs must be what the Rust types generate.
     manifests::run(true)?;
+    validate_deploy()?;
     let mut cmd = cargo();
     cmd.args(["test", "--workspace", "--exclude", "dataplane-ebpf"])
         // Root-only tests fail instead of skipping: CI runs as root and must run them all.

@@ -43,6 +43,9 @@ fn is_root() -> bool {
         .unwrap_or(false)
 }
 
+/// The schema validator of `cargo xtask test` (PyPI).
+const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
+
 pub fn setup() -> anyhow::Result<()> {
     let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
     if !missing.is_empty() {
@@ -54,6 +57,27 @@ pub fn setup() -> anyhow::Result<()> {
             .args(["install", "-y", "--no-install-recommends"])
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+
+    // Validates deploy/ against the Kubernetes schemas (PyPI).
+    let validator = Command::new("kubernetes-validate")
+        .arg("--version")
+        .output();
+    if !validator.is_ok_and(|o| o.status.success()) {
+        let pip = |extra: &[&str]| {
+            Command::new("python3")
+                .args(["-m", "pip", "install", "--quiet"])
+                .args(extra)
+                .arg(format!(
+                    "kubernetes-validate=={KUBERNETES_VALIDATE_VERSION}"
+                ))
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        // Debian's python marks its site-packages as externally managed.
+        if !pip(&[]) && !pip(&["--break-system-packages"]) {
+            bail!("installing kubernetes-validate with pip failed");
+        }
     }
 
     if !bpf_linker_version().is_some_and(|v| v.contains(BPF_LINKER_VERSION)) {

@@ -115,6 +115,8 @@ pub struct KubeModeOptions {
     pub telemetry_address: SocketAddr,
     /// The node role's `clusterset.local` DNS server (off without addresses).
     pub dns: crate::dns::DnsOptions,
+    /// Which ClusterSet IPs and backends the node role may program.
+    pub policy: dataplane_core::policy::AddressPolicy,
 }
 
 /// A kube client for `member`; `relative_to` resolves a relative kubeconfig path (the config
@@ -313,7 +315,7 @@ pub async fn run(
 
     let mut dns_server = None;
     let node = if roles.node() {
-        let mut node = Node::start(&loader)?;
+        let mut node = Node::start(&loader)?.with_policy(options.policy.clone());
         if let Some((zone, server)) = crate::dns::start(&options.dns)? {
             node = node.with_dns(zone);
             dns_server = Some(server);
@@ -361,8 +363,9 @@ pub async fn run(
                 node,
                 rx,
                 super::shutdown_signal(),
-                move |report, elapsed| {
+                move |node, report, elapsed| {
                     m.observe_map_sync(elapsed, report.failed.len());
+                    m.set_refused(node.refused());
                     h.set_ready();
                 },
             )

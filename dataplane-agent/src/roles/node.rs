@@ -12,7 +12,7 @@
 //! pruned after a restart until the initial lists are in); the first sync is a full one, which
 //! prunes whatever the adopted maps hold that the inputs no longer have.
 
-use std::{collections::BTreeSet, path::PathBuf, time::Instant};
+use std::{collections::BTreeSet, path::PathBuf, sync::Arc, time::Instant};
 
 use tracing::{debug, error, info, warn};
 
@@ -33,6 +33,7 @@ use crate::{
 use dataplane_core::{
     lb::{LbState, LbWarning, inputs::InputIndex},
     model::NamespacedName,
+    policy::{AddressPolicy, AddressUse, Refusal},
 };
 
 /// Why the node role cannot start.
@@ -60,6 +61,8 @@ pub struct Node {
     retry: BTreeSet<NamespacedName>,
     /// The `clusterset.local` zone, when this node serves DNS: updated with the maps.
     dns: Option<DnsZone>,
+    /// Which ClusterSet IPs and backends may be programmed.
+    policy: Arc<AddressPolicy>,
     pub attachment: Attachment,
     pub program_ids: Vec<(&'static str, u32)>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
@@ -93,6 +96,7 @@ impl Node {
             sync,
             inputs: InputIndex::default(),
             lb: LbState::default(),
+            policy: Arc::default(),
             synced: false,
             retry: BTreeSet::new(),
             dns: None,
@@ -100,6 +104,19 @@ impl Node {
             program_ids,
             logger,
         })
+    }
+
+    /// Programs only the ClusterSet IPs and backends `policy` allows (the default policy
+    /// otherwise). Takes effect from the first sync.
+    pub fn with_policy(mut self, policy: AddressPolicy) -> Node {
+        self.policy = Arc::new(policy);
+        self.lb = LbState::new(self.policy.clone());
+        self
+    }
+
+    /// Addresses the inputs list that the policy refuses, by use and reason.
+    pub fn refused(&self) -> &std::collections::BTreeMap<(AddressUse, Refusal), usize> {
+        self.lb.refused()
     }
 
     /// Keeps `zone` up to date with the inputs, from the first complete lists on (until then
@@ -158,7 +175,7 @@ impl Node {
         let full = !self.synced;
         let inputs = &self.inputs;
         let rebuilt = if full {
-            self.lb = LbState::default();
+            self.lb = LbState::new(self.policy.clone());
             self.lb.update(inputs.services(), |s| inputs.inputs(s))
         } else {
             dirty.extend(std::mem::take(&mut self.retry));
@@ -246,8 +263,10 @@ pub async fn run_from_dir(
     dir: PathBuf,
     loader: &LoaderConfig,
     dns: &DnsOptions,
+    policy: AddressPolicy,
 ) -> Result<(), NodeError> {
     let (node, _dns) = Node::start_with_dns(loader, dns)?;
+    let node = node.with_policy(policy);
     let (tx, rx) = feed::channel();
     tokio::spawn(node_dir::watch(dir, tx));
     run(node, rx, shutdown_signal()).await;
@@ -261,7 +280,7 @@ pub async fn run(
     changes: ChangeReceiver,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    run_with(node, changes, shutdown, |_, _| {}).await
+    run_with(node, changes, shutdown, |_, _, _| {}).await
 }
 
 /// [`run`], calling `on_sync` with the report and duration of every sync (for metrics and the
@@ -270,7 +289,7 @@ pub async fn run_with(
     mut node: Node,
     mut changes: ChangeReceiver,
     shutdown: impl std::future::Future<Output = ()>,
-    mut on_sync: impl FnMut(&SyncReport, std::time::Duration),
+    mut on_sync: impl FnMut(&Node, &SyncReport, std::time::Duration),
 ) {
     if let Some(logger) = node.take_logger() {
         tokio::spawn(pump_bpf_logs(logger));
@@ -292,7 +311,7 @@ pub async fn run_with(
                 }
                 let started = Instant::now();
                 if let Some(report) = node.apply(batch.drain(..)) {
-                    on_sync(&report, started.elapsed());
+                    on_sync(&node, &report, started.elapsed());
                 }
             }
             () = &mut shutdown => {

@@ -53,6 +53,8 @@ pub struct Standalone {
     pub report: Option<PathBuf>,
     /// The clusterset.local DNS server, when it listens anywhere.
     pub dns: DnsOptions,
+    /// Which ClusterSet IPs and backends may be programmed, over the ClusterSet's CIDRs.
+    pub addresses: crate::cli::AddressArgs,
 }
 
 /// Runs standalone mode until SIGTERM or SIGINT. The directory must merge once before the
@@ -60,7 +62,9 @@ pub struct Standalone {
 /// afterwards.
 pub async fn run(settings: Standalone, loader: &LoaderConfig) -> Result<(), StandaloneError> {
     let (mut merge, first) = ClusterSetMerge::start(&settings.dir, settings.cluster.as_ref())?;
-    let (mut node, _dns) = Node::start_with_dns(loader, &settings.dns)?;
+    let (node, _dns) = Node::start_with_dns(loader, &settings.dns)?;
+    // From the ClusterSet CIDRs at start; a CIDR change in clusterset.yaml needs a restart.
+    let mut node = node.with_policy(settings.addresses.policy(&merge.config().cidrs));
     if let Some(logger) = node.take_logger() {
         tokio::spawn(node::pump_bpf_logs(logger));
     }

@@ -70,6 +70,11 @@ pub struct ClusterSetMerge {
 }
 
 impl ClusterSetMerge {
+    /// The ClusterSet configuration in effect (clusterset.yaml).
+    pub fn config(&self) -> &dataplane_core::merge::ClusterSetConfig {
+        self.files.config()
+    }
+
     /// Reads and merges `dir` for `cluster` (default: the first cluster id in sorted order);
     /// the merge and the node's first input, one complete change.
     pub fn start(dir: &Path, cluster: Option<&ClusterId>) -> Result<(Self, Change), PlanError> {

@@ -15,6 +15,7 @@
 //! | `mcs_events_total` | counter | reason | Kubernetes Events emitted |
 //! | `mcs_leader` | gauge | | 1 while this agent holds the controller lease |
 //! | `mcs_member_reachable` | gauge | cluster | 1 while the member's API server answers |
+//! | `mcs_refused_addresses` | gauge | kind, reason | addresses in the node's inputs it refuses to program (`kind`: clusterset_ip or backend; docs/security.md) |
 //! | `mcs_member_withdrawn` | gauge | cluster | 1 while the member's endpoints are withdrawn (unreachable past the grace period) |
 //!
 //! The frontend and map metrics are read from the pinned maps at scrape time, so they are right
@@ -55,6 +56,13 @@ pub struct WriteLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    /// `clusterset_ip` or `backend`.
+    pub kind: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClusterLabels {
     pub cluster: String,
 }
@@ -74,6 +82,7 @@ pub struct Metrics {
     pub leader: Gauge,
     pub member_reachable: Family<ClusterLabels, Gauge>,
     pub member_withdrawn: Family<ClusterLabels, Gauge>,
+    pub refused_addresses: Family<RefusedLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -100,6 +109,7 @@ impl Metrics {
             leader: Gauge::default(),
             member_reachable: Family::default(),
             member_withdrawn: Family::default(),
+            refused_addresses: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -153,6 +163,11 @@ impl Metrics {
             "1 while the member's endpoints are withdrawn (unreachable past the grace period)",
             m.member_withdrawn.clone(),
         );
+        registry.register(
+            "mcs_refused_addresses",
+            "Addresses in the node's inputs that it refuses to program, by kind and reason",
+            m.refused_addresses.clone(),
+        );
         if let Some(pin_dir) = pin_dir {
             registry.register_collector(Box::new(MapCollector { pin_dir }));
         }
@@ -203,6 +218,28 @@ impl Metrics {
                 resource: resource.to_owned(),
             })
             .inc();
+    }
+
+    /// Sets the refused-address gauges to the node's current counts (others disappear).
+    pub fn set_refused(
+        &self,
+        counts: &std::collections::BTreeMap<
+            (
+                dataplane_core::policy::AddressUse,
+                dataplane_core::policy::Refusal,
+            ),
+            usize,
+        >,
+    ) {
+        self.refused_addresses.clear();
+        for ((address_use, reason), n) in counts {
+            self.refused_addresses
+                .get_or_create(&RefusedLabels {
+                    kind: address_use.label().to_owned(),
+                    reason: reason.label().to_owned(),
+                })
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
     }
 
     /// Sets the conflict gauges from (reason, count) pairs; reasons not given drop to 0.

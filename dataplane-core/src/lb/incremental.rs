@@ -32,6 +32,7 @@ use crate::model::{
     NamespacedName,
     records::{Converted, ImportRecord, ImportedSlice, PortProtocol},
 };
+use crate::policy::{AddressPolicy, AddressUse, Refusal};
 
 /// One service's inputs: the ServiceImports with its namespace/name (one, unless a directory
 /// defines it twice) and the imported EndpointSlices labelled with its name in its namespace,
@@ -53,6 +54,8 @@ pub struct ServicePart {
     pub frontends: Vec<(FrontendAddr, Frontend)>,
     /// The warnings about its imports and slices, sorted, without duplicates.
     pub warnings: Vec<LbWarning>,
+    /// The addresses its inputs list that the policy refused, one entry per address.
+    pub refused: Vec<(AddressUse, Refusal)>,
 }
 
 /// One import per namespace/name: of several with one namespace/name (a directory may define
@@ -81,6 +84,7 @@ fn unique_import<'a>(
 /// part of the full table whenever no other service lists one of their IPs.
 pub fn build_services<'a, 'n>(
     services: impl IntoIterator<Item = (&'n NamespacedName, ServiceInputs<'a>)>,
+    policy: &AddressPolicy,
 ) -> Vec<(&'n NamespacedName, ServicePart)> {
     let mut services: Vec<_> = services.into_iter().collect();
     services.sort_unstable_by(|a, b| a.0.cmp(b.0));
@@ -95,6 +99,20 @@ pub fn build_services<'a, 'n>(
         }
         for c in inputs.slices {
             part.warnings.extend(warnings_of(c, "EndpointSlice"));
+            if let Some(slice) = &c.record {
+                for ep in slice.endpoints.list() {
+                    if let Err(why) = policy.check_backend(&slice.cluster, ep.addr) {
+                        part.refused.push((AddressUse::Backend, why));
+                        part.warnings.push(LbWarning {
+                            object: format!("EndpointSlice {}", c.id),
+                            message: format!(
+                                "endpoint {} of cluster {} is {why}; not programmed",
+                                ep.addr, slice.cluster
+                            ),
+                        });
+                    }
+                }
+            }
             for p in c.record.iter().flat_map(|s| s.ports.iter()) {
                 if p.protocol == PortProtocol::Sctp {
                     part.warnings.push(LbWarning {
@@ -112,6 +130,8 @@ pub fn build_services<'a, 'n>(
             let vips = build_import(
                 si,
                 &slices,
+                policy,
+                &mut part.refused,
                 &mut claimed,
                 &mut part.warnings,
                 &mut serving,
@@ -135,6 +155,7 @@ struct ServiceState {
     /// are rebuilt together.
     listed: Vec<IpAddr>,
     warnings: Vec<LbWarning>,
+    refused: Vec<(AddressUse, Refusal)>,
 }
 
 /// Every IP the imports list, sorted, unique.
@@ -160,9 +181,26 @@ pub struct LbState {
     services: HashMap<NamespacedName, ServiceState>,
     /// IP → the services whose imports list it.
     listing: HashMap<IpAddr, Vec<NamespacedName>>,
+    /// What may be programmed.
+    policy: Arc<AddressPolicy>,
+    /// How many addresses the policy refuses now, by use and reason.
+    refused: BTreeMap<(AddressUse, Refusal), usize>,
 }
 
 impl LbState {
+    /// An empty state that programs only what `policy` allows.
+    pub fn new(policy: Arc<AddressPolicy>) -> Self {
+        LbState {
+            policy,
+            ..LbState::default()
+        }
+    }
+
+    /// How many addresses listed by the inputs the policy refuses, by use and reason.
+    pub fn refused(&self) -> &BTreeMap<(AddressUse, Refusal), usize> {
+        &self.refused
+    }
+
     /// The whole table.
     pub fn table(&self) -> &LbTable {
         &self.table
@@ -240,7 +278,7 @@ impl LbState {
             }
         }
 
-        let parts = build_services(rebuild.iter().map(|s| (s, inputs(s))));
+        let parts = build_services(rebuild.iter().map(|s| (s, inputs(s))), &self.policy);
 
         // Splice: every old entry of the rebuilt services goes before any new one comes in (a
         // VIP may move from one of them to another).
@@ -281,7 +319,23 @@ impl LbState {
             warnings_changed |= state.warnings != part.warnings;
             state.vips = part.vips;
             state.warnings = part.warnings;
-            if state.vips.is_empty() && state.listed.is_empty() && state.warnings.is_empty() {
+            for key in &state.refused {
+                if let Some(n) = self.refused.get_mut(key) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.refused.remove(key);
+                    }
+                }
+            }
+            for key in &part.refused {
+                *self.refused.entry(*key).or_default() += 1;
+            }
+            state.refused = part.refused;
+            if state.vips.is_empty()
+                && state.listed.is_empty()
+                && state.warnings.is_empty()
+                && state.refused.is_empty()
+            {
                 self.services.remove(service);
             }
         }

@@ -29,8 +29,9 @@ use serde::Serialize;
 use crate::model::{
     ClusterId, DEFAULT_AFFINITY_TIMEOUT_S, EndpointSlice, IpFamily, NamespacedName, ServiceImport,
     ServiceImportType,
-    records::{Converted, ImportRecord, ImportedSlice, PortProtocol},
+    records::{Converted, Endpoint, ImportRecord, ImportedSlice, PortProtocol},
 };
+use crate::policy::{AddressPolicy, AddressUse, Refusal};
 
 /// An L4 protocol the socket load balancer translates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -248,9 +249,12 @@ fn warnings_of<'a, T>(c: &'a Converted<T>, kind: &str) -> impl Iterator<Item = L
 /// slices of its service in cluster order. A VIP already in `claimed` (claimed by an import
 /// earlier in sorted order) is skipped; the VIPs this import gets are added to `claimed` and
 /// returned, and every frontend is handed to `emit`.
+#[allow(clippy::too_many_arguments)] // the build's scratch state, threaded through
 fn build_import<'s>(
     si: &ImportRecord,
     service_slices: &[&'s ImportedSlice],
+    policy: &AddressPolicy,
+    refused: &mut Vec<(AddressUse, Refusal)>,
     claimed: &mut BTreeMap<IpAddr, NamespacedName>,
     warnings: &mut Vec<LbWarning>,
     serving: &mut Vec<(&'s ImportedSlice, u16)>,
@@ -285,6 +289,11 @@ fn build_import<'s>(
             warn(format!(
                 "ips[{i}] {ip} is not of ipFamilies[{i}] {declared}; skipped"
             ));
+            continue;
+        }
+        if let Err(why) = policy.check_vip(ip) {
+            warn(format!("ClusterSet IP {ip} is {why}; not programmed"));
+            refused.push((AddressUse::ClusterSetIp, why));
             continue;
         }
         if vips.iter().any(|(f, _)| *f == family) {
@@ -342,16 +351,25 @@ fn build_import<'s>(
                     .filter_map(|s| Some((*s, s.port(port_name, protocol.port_protocol())?))),
             );
             // Ready endpoints; only when none is ready, the serving and terminating ones.
-            let any_ready = serving.iter().any(|(s, _)| s.endpoints.any_ready());
+            let allowed = |s: &ImportedSlice, ep: &Endpoint| {
+                policy.check_backend(&s.cluster, ep.addr).is_ok()
+            };
+            let any_ready = serving.iter().any(|(s, _)| {
+                s.endpoints
+                    .list()
+                    .iter()
+                    .any(|ep| ep.conditions.is_ready() && allowed(s, ep))
+            });
             let mut backends: Vec<Backend> =
                 Vec::with_capacity(serving.iter().map(|(s, _)| s.endpoints.len()).sum());
             for (slice, target) in serving.iter() {
                 for ep in slice.endpoints.list() {
-                    let usable = if any_ready {
-                        ep.conditions.is_ready()
-                    } else {
-                        ep.conditions.is_serving_terminating()
-                    };
+                    let usable = allowed(slice, ep)
+                        && if any_ready {
+                            ep.conditions.is_ready()
+                        } else {
+                            ep.conditions.is_serving_terminating()
+                        };
                     if usable {
                         backends.push(Backend {
                             cluster: slice.cluster.clone(),

@@ -1115,11 +1115,132 @@ mod incremental {
                 let all_slices: Vec<_> = labelled(&slices.values().cloned().collect::<Vec<_>>());
                 let full = build(&all_imports, &all_slices);
                 prop_assert_eq!(lb.table(), &full);
-                for (service, part) in build_services(full.services().into_iter().map(|s| (s, index.inputs(s)))) {
+                for (service, part) in build_services(full.services().into_iter().map(|s| (s, index.inputs(s))), &Default::default()) {
                     // Each part holds the service's own frontends only.
                     prop_assert!(part.frontends.iter().all(|(_, fe)| &fe.service == service));
                 }
             }
         }
     }
+}
+
+#[test]
+fn hostile_backends_are_dropped_alone_and_counted() {
+    let hostile = [
+        "127.0.0.1",
+        "169.254.169.254",
+        "0.0.0.0",
+        "224.0.0.1",
+        "241.0.0.9",
+        "168.63.129.16",
+    ];
+    let slice = imported_slice("ns", "s", "web", "c1")
+        .port(("http", "TCP", 8080))
+        .endpoints(
+            hostile
+                .iter()
+                .map(|ip| endpoint(ip).ready())
+                .chain([endpoint("10.0.0.1").ready()]),
+        )
+        .build();
+    let inputs = [(
+        NamespacedName::new("ns", "web"),
+        web(&[("http", "TCP", 80)]),
+        slice,
+    )];
+    let names = crate::model::Interner::new();
+    let mut index = inputs::InputIndex::default();
+    let mut dirty = BTreeSet::new();
+    index.apply(
+        inputs::Change::snapshot([&inputs[0].1], [&inputs[0].2], &names),
+        &mut dirty,
+    );
+    let mut state = LbState::default();
+    state.update(index.services(), |s| index.inputs(s));
+    let t = state.table();
+    // The good endpoint still serves: only the bad ones are dropped.
+    assert_eq!(backends(t, V4, 80, Tcp), vec!["c1/10.0.0.1:8080"]);
+    for ip in hostile {
+        assert!(
+            has_warning(t, "EndpointSlice ns/s", &format!("endpoint {ip} ")),
+            "{ip}: {:?}",
+            t.warnings
+        );
+    }
+    let refused: usize = state
+        .refused()
+        .iter()
+        .filter(|((kind, _), _)| *kind == AddressUse::Backend)
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(refused, hostile.len());
+    assert_eq!(
+        state
+            .refused()
+            .get(&(AddressUse::Backend, Refusal::Loopback)),
+        Some(&1)
+    );
+
+    // A ready but refused endpoint does not make the terminating fallback go away, nor count
+    // as ready: with only refused endpoints ready, nothing is served.
+    let only_bad = imported_slice("ns", "s", "web", "c1")
+        .port(("http", "TCP", 8080))
+        .endpoints([endpoint("127.0.0.1").ready()])
+        .build();
+    let t = build(&[web(&[("http", "TCP", 80)])], &[only_bad]);
+    assert!(backends(&t, V4, 80, Tcp).is_empty());
+
+    // Removing the slice clears the counts.
+    index.apply(
+        inputs::Change::SliceDeleted(NamespacedName::new("ns", "s")),
+        &mut dirty,
+    );
+    state.update(&dirty, |s| index.inputs(s));
+    assert!(state.refused().is_empty(), "{:?}", state.refused());
+}
+
+#[test]
+fn a_clusterset_ip_outside_the_clusterset_cidrs_is_never_programmed() {
+    // kube-dns's address as a "ClusterSet IP": refused, so DNS is not intercepted.
+    let capture = || {
+        import("ns", "evil")
+            .ips(["10.96.0.10"])
+            .families(&[IPv4])
+            .ports([("dns", "UDP", 53)])
+            .build()
+    };
+    let t = build(&[capture(), web(&[("http", "TCP", 80)])], &[]);
+    assert!(
+        t.frontends.keys().all(|a| a.ip.to_string() == V4),
+        "{:?}",
+        t.frontends.keys()
+    );
+    assert!(
+        !t.vips
+            .contains_key(&"10.96.0.10".parse::<IpAddr>().expect("ip"))
+    );
+    assert!(has_warning(
+        &t,
+        "ServiceImport ns/evil",
+        "ClusterSet IP 10.96.0.10 is outside the ClusterSet's CIDRs"
+    ));
+
+    // With the range configured, the same import is programmed.
+    let mut policy = AddressPolicy::default();
+    policy
+        .clusterset_cidrs
+        .push("10.96.0.0/12".parse().expect("cidr"));
+    let evil = capture();
+    let names = crate::model::Interner::new();
+    let mut index = inputs::InputIndex::default();
+    let mut dirty = BTreeSet::new();
+    index.apply(inputs::Change::snapshot([&evil], [], &names), &mut dirty);
+    let mut state = LbState::new(std::sync::Arc::new(policy));
+    state.update(index.services(), |s| index.inputs(s));
+    assert!(
+        state
+            .table()
+            .frontends
+            .contains_key(&frontend_addr("10.96.0.10", 53, Udp))
+    );
 }
