@@ -69,6 +69,8 @@ pub enum KubeModeError {
     BadClusterId(#[from] dataplane_core::model::InvalidClusterId),
     #[error("{0}")]
     Config(String),
+    #[error("{0}; exiting so that the pod is restarted")]
+    Failed(String),
     #[error("binding the telemetry server on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -331,6 +333,9 @@ pub async fn run(
         .ok_or_else(|| KubeModeError::Config(format!("{local} is not a member")))?;
 
     let stop_controller = Arc::new(Notify::new());
+    // Woken when a role's task dies: the agent then fails its liveness probe and exits.
+    let fatal = Arc::new(Notify::new());
+    let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let control = roles.controller().then(|| {
         let settings = Arc::new(ControllerSettings {
             local: local.clone(),
@@ -339,15 +344,38 @@ pub async fn run(
             probe_interval: config.probe_interval,
             identity: options.identity.clone(),
         });
-        tokio::spawn(elect_and_control(
+        let inner = tokio::spawn(elect_and_control(
             settings,
             members,
             metrics.clone(),
             config.leader_election.clone(),
             options.lease_namespace.clone(),
             stop_controller.clone(),
-        ))
+        ));
+        let (health, fatal, stopping) = (health.clone(), fatal.clone(), stopping.clone());
+        // The controller loop returns only when asked to stop; anything else (a panic) is fatal.
+        tokio::spawn(async move {
+            let outcome = inner.await;
+            if !stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                let reason = match outcome {
+                    Err(e) if e.is_panic() => "the controller task panicked",
+                    _ => "the controller task ended",
+                };
+                error!("{reason}");
+                health.set_failed(reason);
+                fatal.notify_one();
+            }
+        })
     });
+    let shutdown_or_fatal = {
+        let fatal = fatal.clone();
+        async move {
+            tokio::select! {
+                () = super::shutdown_signal() => {}
+                () = fatal.notified() => {}
+            }
+        }
+    };
 
     match node {
         Some(node) => {
@@ -359,34 +387,34 @@ pub async fn run(
                 tx,
             ));
             let (m, h) = (metrics.clone(), health.clone());
-            node::run_with(
-                node,
-                rx,
-                super::shutdown_signal(),
-                move |node, report, elapsed| {
+            let ended =
+                node::run_with(node, rx, shutdown_or_fatal, move |node, report, elapsed| {
                     m.observe_map_sync(elapsed, report.failed.len());
                     m.set_refused(node.refused());
                     h.set_ready();
-                },
-            )
-            .await;
-            if source.is_finished() {
-                error!("the ServiceImport/EndpointSlice source stopped");
+                })
+                .await;
+            if ended == node::Ended::SourceStopped {
+                health.set_failed("the ServiceImport/EndpointSlice source stopped");
             }
             source.abort();
         }
         None => {
             // Nothing to wait for before serving: the controller retries on its own.
             health.set_ready();
-            super::shutdown_signal().await;
+            shutdown_or_fatal.await;
         }
     }
     if let Some(control) = control {
         // SIGTERM: give the lease back so another pod takes over at once.
+        stopping.store(true, std::sync::atomic::Ordering::SeqCst);
         stop_controller.notify_one();
         let _ = tokio::time::timeout(Duration::from_secs(6), control).await;
     }
     telemetry.abort();
     drop(dns_server);
-    Ok(())
+    match health.failure() {
+        Some(reason) => Err(KubeModeError::Failed(reason)),
+        None => Ok(()),
+    }
 }

@@ -47,6 +47,8 @@ pub enum NodeError {
     Adopt(#[from] crate::bpf::maps::MapWriteError),
     #[error(transparent)]
     Dns(#[from] crate::dns::server::DnsServerError),
+    #[error("the input source stopped; the maps keep their last state until the agent restarts")]
+    SourceStopped,
 }
 
 /// The node's dataplane and the mirror of its maps.
@@ -269,17 +271,29 @@ pub async fn run_from_dir(
     let node = node.with_policy(policy);
     let (tx, rx) = feed::channel();
     tokio::spawn(node_dir::watch(dir, tx));
-    run(node, rx, shutdown_signal()).await;
-    Ok(())
+    match run(node, rx, shutdown_signal()).await {
+        Ended::Shutdown => Ok(()),
+        Ended::SourceStopped => Err(NodeError::SourceStopped),
+    }
 }
 
-/// Runs the node role until `shutdown` resolves, syncing after every batch of changes. The
-/// dataplane stays in place afterwards.
+/// Why the node role returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// `shutdown` resolved.
+    Shutdown,
+    /// Every sender of the input feed is gone: nothing will update the maps any more, so the
+    /// caller should fail (and be restarted) rather than serve a frozen dataplane as healthy.
+    SourceStopped,
+}
+
+/// Runs the node role until `shutdown` resolves or the input source stops, syncing after
+/// every batch of changes. The dataplane stays in place afterwards.
 pub async fn run(
     node: Node,
     changes: ChangeReceiver,
     shutdown: impl std::future::Future<Output = ()>,
-) {
+) -> Ended {
     run_with(node, changes, shutdown, |_, _, _| {}).await
 }
 
@@ -290,7 +304,7 @@ pub async fn run_with(
     mut changes: ChangeReceiver,
     shutdown: impl std::future::Future<Output = ()>,
     mut on_sync: impl FnMut(&Node, &SyncReport, std::time::Duration),
-) {
+) -> Ended {
     if let Some(logger) = node.take_logger() {
         tokio::spawn(pump_bpf_logs(logger));
     }
@@ -301,9 +315,8 @@ pub async fn run_with(
         tokio::select! {
             received = changes.recv_many(&mut batch, 4096) => {
                 if received == 0 {
-                    warn!("the input source stopped; keeping the dataplane as it is");
-                    shutdown.as_mut().await;
-                    return;
+                    error!("the input source stopped; the maps keep their last state");
+                    return Ended::SourceStopped;
                 }
                 // Everything queued is filed before the sync: a burst costs one sync.
                 while let Ok(change) = changes.try_recv() {
@@ -316,7 +329,7 @@ pub async fn run_with(
             }
             () = &mut shutdown => {
                 info!("shutting down; the dataplane stays in place");
-                return;
+                return Ended::Shutdown;
             }
         }
     }
