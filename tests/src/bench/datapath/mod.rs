@@ -669,6 +669,8 @@ impl<'a> Bench<'a> {
             &frontends.to_string(),
             "--max-slots",
             &slots.to_string(),
+            "--clusterset-cidrs",
+            rules::CLUSTERSET_CIDRS,
         ];
         let started = Instant::now();
         // info only: the debug level logs one line per written service.

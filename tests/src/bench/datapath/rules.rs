@@ -13,6 +13,10 @@ use super::load::Proto;
 pub const NAMESPACE: &str = "bench";
 /// The service port every TCP bench service exposes.
 pub const SERVICE_PORT: u16 = 80;
+/// The ranges the bench's VIPs come from ([`vip`], [`vip6`]): wider than the agent's default
+/// ClusterSet CIDRs, so the agent is told (`--clusterset-cidrs`).
+pub const CLUSTERSET_CIDRS: &str = "241.0.0.0/8,fd00:241::/64";
+
 /// The service port every UDP bench service exposes.
 pub const UDP_SERVICE_PORT: u16 = 53;
 /// Source range treated as "pod traffic", as kube-proxy's `--cluster-cidr`: the client is in
