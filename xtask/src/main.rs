@@ -155,8 +155,10 @@ fn validate_deploy() -> anyhow::Result<()> {
         }
     }
     files.sort();
-    run(Command::new("kubernetes-validate")
-        .args(["--strict", "--quiet", "-k", OLDEST_KUBERNETES])
+    // As a module: its console script may not be on PATH (pyenv shims, --user installs).
+    run(Command::new("python3")
+        .args(["-m", "kubernetes_validate", "--strict", "--quiet"])
+        .args(["-k", OLDEST_KUBERNETES])
         .args(&files))
 }
 

@@ -60,8 +60,8 @@ pub fn setup() -> anyhow::Result<()> {
     }
 
     // Validates deploy/ against the Kubernetes schemas (PyPI).
-    let validator = Command::new("kubernetes-validate")
-        .arg("--version")
+    let validator = Command::new("python3")
+        .args(["-m", "kubernetes_validate", "--version"])
         .output();
     if !validator.is_ok_and(|o| o.status.success()) {
         let pip = |extra: &[&str]| {
