@@ -11,6 +11,8 @@
 //!     kubeconfig: /etc/mcs-dataplane/members/west/kubeconfig   # read access suffices
 //!     context: west-admin           # optional; default: the kubeconfig's current context
 //!     ipFamilies: [IPv4]
+//!     # allowUnsafeCredentials: true  # let this kubeconfig run exec/auth-provider plugins or
+//!     #                               # skip TLS verification (refused by default)
 //! clusterSetCIDRs: {ipv4: 241.0.0.0/16, ipv6: "fd00:241::/112"}   # defaults shown
 //! ipFamilyPolicy: Intersection      # or Union
 //! unreachableGracePeriod: 5m        # then an unreachable member's endpoints are withdrawn
@@ -67,6 +69,9 @@ pub struct Member {
     /// which is checked once the local id is known ([`AgentConfig::check_local`]).
     pub kubeconfig: Option<PathBuf>,
     pub context: Option<String>,
+    /// Whether the kubeconfig may run an `exec` or auth-provider credential plugin, or skip
+    /// TLS verification (refused by default: it would run inside the privileged pod).
+    pub allow_unsafe_credentials: bool,
 }
 
 /// Leader election of the controller role.
@@ -129,6 +134,8 @@ struct MemberFile {
     context: Option<String>,
     #[serde(default)]
     ip_families: Option<Vec<IpFamily>>,
+    #[serde(default)]
+    allow_unsafe_credentials: bool,
 }
 
 #[derive(Deserialize)]
@@ -214,6 +221,7 @@ impl AgentConfig {
                 id,
                 kubeconfig: m.kubeconfig,
                 context: m.context,
+                allow_unsafe_credentials: m.allow_unsafe_credentials,
             });
         }
         let cidrs = raw

@@ -69,6 +69,15 @@ pub enum KubeModeError {
     BadClusterId(#[from] dataplane_core::model::InvalidClusterId),
     #[error("{0}")]
     Config(String),
+    #[error(
+        "member {cluster}: the kubeconfig {} is refused: {why} (set allowUnsafeCredentials: true on the member to accept it)",
+        path.display()
+    )]
+    UnsafeKubeconfig {
+        cluster: String,
+        path: PathBuf,
+        why: String,
+    },
     #[error("{0}; exiting so that the pod is restarted")]
     Failed(String),
     #[error("binding the telemetry server on {addr}: {source}")]
@@ -133,6 +142,15 @@ pub async fn member_client(member: &Member, relative_to: &Path) -> Result<Client
                 source,
             };
             let kubeconfig = Kubeconfig::read_from(&path).map_err(fail)?;
+            if !member.allow_unsafe_credentials {
+                unsafe_credentials(&kubeconfig, member.context.as_deref()).map_err(|why| {
+                    KubeModeError::UnsafeKubeconfig {
+                        cluster: member.id.to_string(),
+                        path: path.clone(),
+                        why,
+                    }
+                })?;
+            }
             let options = KubeConfigOptions {
                 context: member.context.clone(),
                 ..Default::default()
@@ -147,6 +165,52 @@ pub async fn member_client(member: &Member, relative_to: &Path) -> Result<Client
         cluster: member.id.to_string(),
         source,
     })
+}
+
+/// `Err(why)` when the context that will be used (`context`, else the current one) runs a
+/// credential plugin (`exec`, `auth-provider`: code from a file, inside a privileged pod) or
+/// skips TLS verification.
+pub fn unsafe_credentials(kubeconfig: &Kubeconfig, context: Option<&str>) -> Result<(), String> {
+    let Some(name) = context.or(kubeconfig.current_context.as_deref()) else {
+        return Ok(()); // kube's own error about the missing context follows
+    };
+    let Some(ctx) = kubeconfig
+        .contexts
+        .iter()
+        .find(|c| c.name == name)
+        .and_then(|c| c.context.as_ref())
+    else {
+        return Ok(());
+    };
+    let user = ctx.user.as_deref().and_then(|u| {
+        kubeconfig
+            .auth_infos
+            .iter()
+            .find(|a| a.name == u)
+            .and_then(|a| a.auth_info.as_ref())
+    });
+    if user.is_some_and(|u| u.exec.is_some()) {
+        return Err(format!(
+            "context {name:?}: its user runs an exec credential plugin"
+        ));
+    }
+    if user.is_some_and(|u| u.auth_provider.is_some()) {
+        return Err(format!(
+            "context {name:?}: its user uses an auth-provider plugin"
+        ));
+    }
+    let insecure = kubeconfig
+        .clusters
+        .iter()
+        .find(|c| c.name == ctx.cluster)
+        .and_then(|c| c.cluster.as_ref())
+        .is_some_and(|c| c.insecure_skip_tls_verify == Some(true));
+    if insecure {
+        return Err(format!(
+            "context {name:?}: its cluster skips TLS verification"
+        ));
+    }
+    Ok(())
 }
 
 /// The cluster id from the ClusterProperty `cluster.clusterset.k8s.io` (`spec.value`).
@@ -416,5 +480,60 @@ pub async fn run(
     match health.failure() {
         Some(reason) => Err(KubeModeError::Failed(reason)),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kubeconfig(user: &str, cluster: &str) -> Kubeconfig {
+        Kubeconfig::from_yaml(&format!(
+            "apiVersion: v1
+kind: Config
+current-context: main
+contexts:
+- name: main
+  context: {{cluster: c, user: u}}
+- name: plain
+  context: {{cluster: plain, user: token}}
+clusters:
+- name: c
+  cluster: {{server: 'https://c.example:6443'{cluster}}}
+- name: plain
+  cluster: {{server: 'https://p.example:6443'}}
+users:
+- name: u
+  user: {user}
+- name: token
+  user: {{token: abc}}
+"
+        ))
+        .expect("kubeconfig")
+    }
+
+    #[test]
+    fn credential_plugins_and_skipped_tls_are_refused_and_plain_tokens_pass() {
+        let exec = kubeconfig(
+            "{exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/sh}}",
+            "",
+        );
+        let why = unsafe_credentials(&exec, None).expect_err("exec is refused");
+        assert!(why.contains("exec credential plugin"), "{why}");
+        // The context that will be used is the one checked.
+        assert_eq!(unsafe_credentials(&exec, Some("plain")), Ok(()));
+
+        let provider = kubeconfig("{auth-provider: {name: oidc}}", "");
+        let why = unsafe_credentials(&provider, None).expect_err("auth-provider is refused");
+        assert!(why.contains("auth-provider"), "{why}");
+
+        let insecure = kubeconfig("{token: abc}", ", insecure-skip-tls-verify: true");
+        let why = unsafe_credentials(&insecure, None).expect_err("skipped TLS is refused");
+        assert!(why.contains("skips TLS verification"), "{why}");
+
+        assert_eq!(
+            unsafe_credentials(&kubeconfig("{token: abc}", ""), None),
+            Ok(())
+        );
     }
 }
