@@ -240,11 +240,12 @@ pub struct RunArgs {
         conflicts_with = "clusterset_dir"
     )]
     pub roles: crate::roles::kube::Roles,
-    /// Kubernetes mode: address of /metrics, /healthz and /readyz.
+    /// Kubernetes mode: address of /metrics, /healthz and /readyz (this host only by default;
+    /// unauthenticated, so expose it on purpose).
     #[arg(
         long,
         env = "MCS_METRICS_ADDRESS",
-        default_value = "0.0.0.0:9090",
+        default_value = "127.0.0.1:9090",
         conflicts_with = "clusterset_dir"
     )]
     pub metrics_address: std::net::SocketAddr,
