@@ -130,7 +130,7 @@ pub fn clean_stale() {
 fn uninstall_tree(dir: &Path) {
     for e in fs::read_dir(dir).into_iter().flatten().flatten() {
         let name = e.file_name();
-        if name != "links" && name != "maps" && e.path().is_dir() {
+        if !["links", "maps", "progs"].contains(&name.to_str().unwrap_or("")) && e.path().is_dir() {
             uninstall_tree(&e.path());
         }
     }

@@ -4,7 +4,10 @@
 //! Layout under the pin directory (default `/sys/fs/bpf/mcs-dataplane/v<PIN_VERSION>`):
 //! - `maps/<MAP>`: every map (`bpftool map dump pinned <dir>/maps/MCS_FE4`);
 //! - `links/cg<cgroup id>/<program>`: the cgroup links, one per hook. Pinned links keep the
-//!   programs attached while the agent is down, so connections keep being translated.
+//!   programs attached while the agent is down, so connections keep being translated;
+//! - `progs/<program>`: the programs those links run. A restarted agent reads their code tag and
+//!   maps from these pins; looking a program up by id instead (`BPF_PROG_GET_FD_BY_ID`) needs
+//!   CAP_SYS_ADMIN, which the agent does not otherwise need (docs/security.md).
 //!
 //! On start, the agent takes an exclusive `flock` on the pin directory (two agents never share
 //! one). Maps that are already pinned are reused (same map ids, same contents). If every link
@@ -20,7 +23,7 @@ use std::{
     collections::BTreeSet,
     fs,
     os::{
-        fd::{AsRawFd as _, OwnedFd},
+        fd::{AsFd as _, AsRawFd as _, OwnedFd},
         unix::fs::MetadataExt as _,
     },
     path::{Path, PathBuf},
@@ -148,6 +151,24 @@ pub enum LoadError {
         "{0} is in use by another agent (it holds the pin directory's lock); run one agent per pin directory"
     )]
     Busy(PathBuf),
+    /// An EPERM or EACCES (a verifier refusal included) from any of the above.
+    #[error(
+        "not permitted (the agent needs uid 0 with CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON; see docs/security.md)"
+    )]
+    NotPermitted(#[source] Box<LoadError>),
+}
+
+/// Wraps an error caused by missing privileges (EPERM, EACCES anywhere in its chain) so that
+/// its message says which capabilities the agent needs.
+fn hint_privileges(e: LoadError) -> LoadError {
+    let denied = std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
+        .filter_map(|e| e.downcast_ref::<std::io::Error>())
+        .any(|io| matches!(io.raw_os_error(), Some(libc::EPERM | libc::EACCES)));
+    if denied {
+        LoadError::NotPermitted(Box::new(e))
+    } else {
+        e
+    }
 }
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> LoadError + 'a {
@@ -221,10 +242,27 @@ struct Linked {
     map_ids: BTreeSet<u32>,
 }
 
-fn pinned_link_program(path: &Path) -> Option<Linked> {
+impl From<super::sys::ProgIdentity> for Linked {
+    fn from(p: super::sys::ProgIdentity) -> Self {
+        Linked {
+            id: p.id,
+            tag: p.tag,
+            map_ids: p.map_ids.into_iter().collect(),
+        }
+    }
+}
+
+/// The program the link pinned at `path` runs, read from its pin at `prog_pin` (no capability
+/// needed) or, for layouts pinned without it, looked up by id (CAP_SYS_ADMIN).
+fn pinned_link_program(path: &Path, prog_pin: &Path) -> Option<Linked> {
     let link = PinnedLink::from_pin(path).ok()?;
     let fd: FdLink = link.into();
     let prog_id = fd.info().ok()?.program_id();
+    if let Ok(p) = super::sys::obj_get(prog_pin).and_then(|fd| super::sys::prog_identity(&fd))
+        && p.id == prog_id
+    {
+        return Some(p.into());
+    }
     let info = loaded_programs()
         .filter_map(Result::ok)
         .find(|p| p.id() == prog_id)?;
@@ -335,6 +373,10 @@ fn sock_addr_program<'a>(
 /// Loads the programs and maps, attaches (or adopts) them on `cfg.cgroup`, and pins
 /// everything under `cfg.pin_dir`.
 pub fn install(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
+    install_as_allowed(cfg).map_err(hint_privileges)
+}
+
+fn install_as_allowed(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
     if EBPF_OBJECT.is_empty() {
         return Err(LoadError::NoObject);
     }
@@ -348,6 +390,8 @@ pub fn install(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
     let lock = lock_pin_dir(&cfg.pin_dir)?;
     let links = links_dir(&cfg.pin_dir, &cfg.cgroup)?;
     fs::create_dir_all(&links).map_err(io("cannot create", &links))?;
+    let progs = cfg.pin_dir.join("progs");
+    fs::create_dir_all(&progs).map_err(io("cannot create", &progs))?;
 
     let mut loader = EbpfLoader::new();
     // BTF-defined maps carry no pinning attribute in aya-ebpf 0.2: pin each one by path. An
@@ -377,16 +421,17 @@ pub fn install(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
         let prog = sock_addr_program(&mut ebpf, name)?;
         prog.load()
             .map_err(|source| LoadError::Program { name, source })?;
-        let info = prog
-            .info()
+        let fd = prog
+            .fd()
             .map_err(|source| LoadError::Program { name, source })?;
-        let maps: BTreeSet<u32> = info
-            .map_ids()
-            .map_err(|source| LoadError::Program { name, source })?
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
-        tags.push((name, info.id(), info.tag(), maps));
+        let info =
+            super::sys::prog_identity(&fd.as_fd().as_raw_fd()).map_err(|source| LoadError::Io {
+                what: "cannot read the program info of",
+                path: PathBuf::from(name),
+                source,
+            })?;
+        let maps: BTreeSet<u32> = info.map_ids.into_iter().collect();
+        tags.push((name, info.id, info.tag, maps));
     }
 
     // A pinned link is adopted when it runs this build's code on the pinned maps: a program
@@ -394,7 +439,7 @@ pub fn install(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
     let pinned_maps = pinned_map_ids(&maps_dir);
     let pinned: Vec<Option<Linked>> = PROGRAMS
         .iter()
-        .map(|name| pinned_link_program(&links.join(name)))
+        .map(|name| pinned_link_program(&links.join(name), &progs.join(name)))
         .collect();
     let adopt = pinned.iter().zip(&tags).all(|(p, (_, _, tag, maps))| {
         p.as_ref().is_some_and(|p| {
@@ -450,6 +495,17 @@ pub fn install(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
             }
             fs::rename(&staging, &final_path).map_err(io("cannot rename", &staging))?;
             drop(pinned);
+            // The program next to its link, for the next start's adoption check. The old pin
+            // (the replaced link's program) goes first; the program stays loaded while a link
+            // or pin holds it.
+            let prog_pin = progs.join(name);
+            let _ = fs::remove_file(&prog_pin);
+            sock_addr_program(&mut ebpf, name)?
+                .pin(&prog_pin)
+                .map_err(|source| LoadError::Pin {
+                    path: prog_pin.clone(),
+                    source,
+                })?;
         }
         // Links pinned for another cgroup belong to an earlier configuration.
         replaced += remove_other_link_dirs(&cfg.pin_dir, &links);
@@ -557,7 +613,16 @@ pub fn uninstall(pin_dir: &Path) -> Result<Uninstalled, LoadError> {
             }
         }
     }
-    for dir in [pin_dir.join("links"), maps_dir, pin_dir.to_owned()] {
+    let progs_dir = pin_dir.join("progs");
+    for entry in fs::read_dir(&progs_dir).into_iter().flatten().flatten() {
+        let _ = fs::remove_file(entry.path());
+    }
+    for dir in [
+        pin_dir.join("links"),
+        maps_dir,
+        progs_dir,
+        pin_dir.to_owned(),
+    ] {
         if dir.exists() {
             fs::remove_dir(&dir).map_err(io("cannot remove", &dir))?;
         }

@@ -5,7 +5,9 @@
 //!   in order and, on an error, reports how many it applied, so the caller knows exactly where
 //!   it stopped;
 //! - `BPF_LINK_DETACH` of a pinned link (kernel 5.9+), which detaches it even while other fds
-//!   or pins still hold it.
+//!   or pins still hold it;
+//! - `BPF_OBJ_GET_INFO_BY_FD` of a program fd for its map ids: aya's `ProgramInfo::map_ids`
+//!   reopens the program by id (`BPF_PROG_GET_FD_BY_ID`), which needs CAP_SYS_ADMIN.
 
 use std::{
     ffi::CString,
@@ -19,6 +21,7 @@ use std::{
 };
 
 const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 const BPF_MAP_DELETE_BATCH: libc::c_long = 27;
@@ -38,6 +41,23 @@ struct BatchAttr {
     flags: u64,
 }
 
+/// `bpf(cmd, attr, sizeof(*attr))`: the raw return value (negative with `errno` set on failure).
+///
+/// # Safety
+/// `attr` must be the `union bpf_attr` member that `cmd` reads, and every pointer inside it
+/// must be valid for the kernel's reads and writes for the duration of the call.
+unsafe fn sys_bpf<T>(cmd: libc::c_long, attr: &mut T) -> libc::c_long {
+    // SAFETY: the caller's contract; `attr` is valid for `size_of::<T>()` bytes.
+    unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut T,
+            size_of::<T>() as libc::c_uint,
+        )
+    }
+}
+
 /// Runs one batch command; returns the kernel's element count (done, or filled for a lookup)
 /// and the error, if any.
 fn batch(cmd: libc::c_long, attr: &mut BatchAttr) -> (u32, Option<io::Error>) {
@@ -45,14 +65,7 @@ fn batch(cmd: libc::c_long, attr: &mut BatchAttr) -> (u32, Option<io::Error>) {
     // pointers inside it (set by the callers below) point at buffers that live for the call and
     // hold `count` keys (and values) of the map's key and value sizes; the kernel writes only
     // within them (and into `attr.count` / `out_batch`).
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr as *mut BatchAttr,
-            size_of::<BatchAttr>() as libc::c_uint,
-        )
-    };
+    let rc = unsafe { sys_bpf(cmd, attr) };
     let err = (rc < 0).then(io::Error::last_os_error);
     (attr.count, err)
 }
@@ -149,10 +162,8 @@ struct ObjAttr {
     file_flags: u32,
 }
 
-/// Detaches the link pinned at `path` (`BPF_OBJ_GET`, then `BPF_LINK_DETACH`): the cgroup stops
-/// running its program at once, whoever else holds the link. The pin itself stays; remove it
-/// afterwards.
-pub fn detach_pinned_link(path: &Path) -> io::Result<()> {
+/// `BPF_OBJ_GET`: an fd of the object (map, program or link) pinned at `path`.
+pub fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let mut get = ObjAttr {
@@ -161,31 +172,95 @@ pub fn detach_pinned_link(path: &Path) -> io::Result<()> {
     };
     // SAFETY: `get` is a valid `bpf_attr` prefix of the size passed; `pathname` points at a
     // NUL-terminated string that outlives the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET,
-            &mut get as *mut ObjAttr,
-            size_of::<ObjAttr>() as libc::c_uint,
-        )
-    };
+    let fd = unsafe { sys_bpf(BPF_OBJ_GET, &mut get) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: the kernel just returned this fd to us; nothing else owns it.
-    let link = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// Detaches the link pinned at `path` (`BPF_OBJ_GET`, then `BPF_LINK_DETACH`): the cgroup stops
+/// running its program at once, whoever else holds the link. The pin itself stays; remove it
+/// afterwards.
+pub fn detach_pinned_link(path: &Path) -> io::Result<()> {
+    let link = obj_get(path)?;
     let mut detach: u32 = link.as_raw_fd() as u32;
     // SAFETY: the `link_detach` member of `bpf_attr` is one u32 (the link fd), passed by size.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_LINK_DETACH,
-            &mut detach as *mut u32,
-            size_of::<u32>() as libc::c_uint,
-        )
-    };
+    let rc = unsafe { sys_bpf(BPF_LINK_DETACH, &mut detach) };
     if rc < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// The `info` member of `union bpf_attr` (`BPF_OBJ_GET_INFO_BY_FD`).
+#[repr(C)]
+struct InfoAttr {
+    bpf_fd: u32,
+    info_len: u32,
+    info: u64,
+}
+
+/// `struct bpf_prog_info` up to `map_ids` (include/uapi/linux/bpf.h); the kernel fills as many
+/// bytes as it is given.
+#[repr(C)]
+#[derive(Default)]
+struct ProgInfoHead {
+    prog_type: u32,
+    id: u32,
+    tag: [u8; 8],
+    jited_prog_len: u32,
+    xlated_prog_len: u32,
+    jited_prog_insns: u64,
+    xlated_prog_insns: u64,
+    load_time: u64,
+    created_by_uid: u32,
+    nr_map_ids: u32,
+    map_ids: u64,
+}
+
+/// What identifies a loaded program: its id, its tag (a hash of its code) and the maps it uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgIdentity {
+    pub id: u32,
+    pub tag: u64,
+    pub map_ids: Vec<u32>,
+}
+
+/// The id, tag and map ids of the program behind `fd` (`BPF_OBJ_GET_INFO_BY_FD`). Needs no
+/// capability beyond holding the fd.
+pub fn prog_identity(fd: &impl AsRawFd) -> io::Result<ProgIdentity> {
+    let mut map_ids = vec![0u32; 64];
+    loop {
+        let mut info = ProgInfoHead {
+            nr_map_ids: map_ids.len() as u32,
+            map_ids: map_ids.as_mut_ptr() as u64,
+            ..Default::default()
+        };
+        let mut attr = InfoAttr {
+            bpf_fd: fd.as_raw_fd() as u32,
+            info_len: size_of::<ProgInfoHead>() as u32,
+            info: &mut info as *mut ProgInfoHead as u64,
+        };
+        // SAFETY: `attr` is a valid `bpf_attr` info member of the size passed; `info` points at
+        // a writable `ProgInfoHead` of `info_len` bytes, and its `map_ids` at room for
+        // `nr_map_ids` u32s; all of them outlive the call.
+        let rc = unsafe { sys_bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr) };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // The kernel reports how many maps the program uses, and fills at most the room given.
+        let used = info.nr_map_ids as usize;
+        if used > map_ids.len() {
+            map_ids = vec![0u32; used];
+            continue;
+        }
+        map_ids.truncate(used);
+        return Ok(ProgIdentity {
+            id: info.id,
+            tag: u64::from_be_bytes(info.tag),
+            map_ids,
+        });
+    }
 }
