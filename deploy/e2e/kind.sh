@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end test on two kind clusters: builds the agent image, creates the clusters "east" and
 # "west" with routed pod networks, installs the product in both (CRDs, RBAC, the remote read-only
-# identity, the admission policy, the DaemonSet with each cluster's ClusterSet config), then runs
+# identity, the admission policy, the node DaemonSet and the controller Deployment with each
+# cluster's ClusterSet config), then runs
 #   1. the mcs-api conformance suite (kubernetes-sigs/mcs-api/conformance, both clusters), and
 #   2. the strict-port connectivity cases: traffic to a ClusterSet IP and port reaches only the
 #      clusters whose Service declares that exact port (KEP-1645 after
@@ -163,7 +164,8 @@ ipFamilyPolicy: Intersection
 unreachableGracePeriod: 1m
 memberProbeInterval: 5s
 EOF
-    # An overlay of deploy/: this cluster's config, the remote kubeconfig, the e2e image.
+    # An overlay of deploy/: this cluster's config, the remote kubeconfig (mounted by the
+    # controller Deployment only), the e2e image (a tag replaces the base's digest).
     cat >"${dir}/kustomization.yaml" <<EOF
 apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
@@ -193,9 +195,12 @@ EOF
     kc "$c" -n mcs-system patch daemonset mcs-dataplane --type=json -p \
       '[{"op":"add","path":"/spec/template/spec/containers/0/imagePullPolicy","value":"Never"},
         {"op":"add","path":"/spec/template/spec/initContainers/0/imagePullPolicy","value":"Never"}]'
+    kc "$c" -n mcs-system patch deployment mcs-dataplane-controller --type=json -p \
+      '[{"op":"add","path":"/spec/template/spec/containers/0/imagePullPolicy","value":"Never"}]'
   done
   for c in "${CLUSTERS[@]}"; do
     kc "$c" -n mcs-system rollout status daemonset/mcs-dataplane --timeout=180s
+    kc "$c" -n mcs-system rollout status deployment/mcs-dataplane-controller --timeout=180s
     retry 60 lease_held "$c" || die "no controller lease in ${c}"
     log "${c}: CoreDNS forwards clusterset.local to the agents"
     "${ROOT}/deploy/coredns/add-stanza.sh" --context "$(ctx "$c")"

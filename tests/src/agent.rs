@@ -43,10 +43,31 @@ impl Agent {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> anyhow::Result<Agent> {
+        Self::start_wrapped(topo, pin_dir, &[], args, env)
+    }
+
+    /// [`start_in`](Self::start_in), run as `wrapper... dataplane-agent ARGS` (e.g. `setpriv`
+    /// with a capability set); the wrappers must `exec` the agent, so that [`pid`](Self::pid)
+    /// is the agent's.
+    pub fn start_wrapped(
+        topo: &Topology,
+        pin_dir: &Path,
+        wrapper: &[&str],
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Agent> {
         let n = fs::read_dir(&topo.dir).map(|d| d.count()).unwrap_or(0);
         let log = topo.dir.join(format!("agent-{n}.log"));
         let out = fs::File::create(&log)?;
-        let child = crate::netns::die_with_parent(&mut Command::new(agent_bin()))
+        let mut cmd = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(rest).arg(agent_bin());
+                cmd
+            }
+            None => Command::new(agent_bin()),
+        };
+        let child = crate::netns::die_with_parent(&mut cmd)
             .args(args)
             .arg("--pin-dir")
             .arg(pin_dir)

@@ -155,6 +155,15 @@ fn validate_deploy() -> anyhow::Result<()> {
         }
     }
     files.sort();
+    // Everything but remote/ (applied in the other clusters) is installed by the kustomization.
+    let kustomization = std::fs::read_to_string(root.join("kustomization.yaml"))
+        .context("reading deploy/kustomization.yaml")?;
+    for file in &files {
+        let rel = file.strip_prefix(&root).unwrap_or(file).to_string_lossy();
+        if !rel.starts_with("remote/") && !kustomization.contains(&format!("- {rel}\n")) {
+            bail!("deploy/kustomization.yaml does not list {rel}");
+        }
+    }
     // As a module: its console script may not be on PATH (pyenv shims, --user installs).
     run(Command::new("python3")
         .args(["-m", "kubernetes_validate", "--strict", "--quiet"])
