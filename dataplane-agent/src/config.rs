@@ -70,7 +70,7 @@ pub struct Member {
     pub kubeconfig: Option<PathBuf>,
     pub context: Option<String>,
     /// Whether the kubeconfig may run an `exec` or auth-provider credential plugin, or skip
-    /// TLS verification (refused by default: it would run inside the privileged pod).
+    /// TLS verification (refused by default: it would run inside the controller pod).
     pub allow_unsafe_credentials: bool,
 }
 

@@ -1,4 +1,5 @@
-//! Kubernetes mode (`run --config FILE`): what every DaemonSet pod runs.
+//! Kubernetes mode (`run --config FILE`): what the node DaemonSet (`--roles node`) and the
+//! controller Deployment (`--roles controller`) run.
 //!
 //! - the node role, fed by the local cluster's ServiceImports and imported EndpointSlices
 //!   ([`crate::source::kube::watch_node_inputs`]);
@@ -98,7 +99,7 @@ pub enum Roles {
     Node,
     /// The lease-elected controller only: merge the members and write the imports; no eBPF.
     Controller,
-    /// Both (the DaemonSet default).
+    /// Both (the default).
     #[default]
     All,
 }
@@ -168,7 +169,7 @@ pub async fn member_client(member: &Member, relative_to: &Path) -> Result<Client
 }
 
 /// `Err(why)` when the context that will be used (`context`, else the current one) runs a
-/// credential plugin (`exec`, `auth-provider`: code from a file, inside a privileged pod) or
+/// credential plugin (`exec`, `auth-provider`: code from a file, run inside the controller pod) or
 /// skips TLS verification.
 pub fn unsafe_credentials(kubeconfig: &Kubeconfig, context: Option<&str>) -> Result<(), String> {
     let Some(name) = context.or(kubeconfig.current_context.as_deref()) else {
