@@ -240,8 +240,8 @@ pub struct RunArgs {
         conflicts_with = "clusterset_dir"
     )]
     pub roles: crate::roles::kube::Roles,
-    /// Kubernetes mode: address of /metrics, /healthz and /readyz (this host only by default;
-    /// unauthenticated, so expose it on purpose).
+    /// Kubernetes mode: address of /metrics (this host only by default; unauthenticated, so
+    /// expose it on purpose).
     #[arg(
         long,
         env = "MCS_METRICS_ADDRESS",
@@ -249,6 +249,16 @@ pub struct RunArgs {
         conflicts_with = "clusterset_dir"
     )]
     pub metrics_address: std::net::SocketAddr,
+    /// Kubernetes mode: address of /healthz and /readyz, for the kubelet's probes (every
+    /// address by default: the kubelet probes the pod IP; they say only ok or why not). The
+    /// same address as --metrics-address serves all three on one listener.
+    #[arg(
+        long,
+        env = "MCS_HEALTH_ADDRESS",
+        default_value = "0.0.0.0:9091",
+        conflicts_with = "clusterset_dir"
+    )]
+    pub health_address: std::net::SocketAddr,
     #[command(flatten)]
     pub dataplane: DataplaneArgs,
     #[command(flatten)]

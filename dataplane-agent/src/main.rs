@@ -58,7 +58,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     roles: args.roles,
                     identity: args.identity.clone().unwrap_or_else(cli::hostname),
                     lease_namespace: args.lease_namespace.clone(),
-                    telemetry_address: args.metrics_address,
+                    metrics_address: args.metrics_address,
+                    health_address: args.health_address,
                     dns: args.dns.options(),
                     policy: args.addresses.policy(&config.clusterset.cidrs),
                 };

@@ -13,13 +13,19 @@
 //!   deny list (cloud metadata addresses by default) and, when a member has an allow list,
 //!   inside it ([`AddressPolicy::check_backend`]).
 //!
-//! A refused backend is dropped alone: the rest of its slice is still served.
+//! A refused backend is dropped alone: the rest of its slice is still served. The merge
+//! applies the same check to the endpoints of members' local slices before it imports them
+//! ([`RefusedEndpoint`]), so the controller never writes them into an imported slice and the
+//! member's ServiceExport says which were refused.
 
 use std::{collections::BTreeMap, fmt, net::IpAddr};
 
 use ipnet::IpNet;
 
-use crate::{merge::ClusterSetCidrs, model::ClusterId};
+use crate::{
+    merge::ClusterSetCidrs,
+    model::{ClusterId, NamespacedName},
+};
 
 /// Well-known cloud metadata and platform addresses that are not link-local: AWS's IPv6
 /// metadata endpoint, Azure's wire server, Alibaba Cloud's metadata service. (169.254.169.254,
@@ -37,6 +43,8 @@ pub enum AddressUse {
     ClusterSetIp,
     /// An endpoint of an imported slice.
     Backend,
+    /// An endpoint of a member's local slice, which the controller does not import.
+    MemberEndpoint,
 }
 
 impl AddressUse {
@@ -45,6 +53,7 @@ impl AddressUse {
         match self {
             AddressUse::ClusterSetIp => "clusterset_ip",
             AddressUse::Backend => "backend",
+            AddressUse::MemberEndpoint => "member_endpoint",
         }
     }
 }
@@ -75,6 +84,20 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// Every reason.
+    pub const ALL: [Refusal; 10] = [
+        Refusal::OutsideClusterSet,
+        Refusal::Unspecified,
+        Refusal::Loopback,
+        Refusal::LinkLocal,
+        Refusal::Multicast,
+        Refusal::Broadcast,
+        Refusal::V4Mapped,
+        Refusal::InsideClusterSet,
+        Refusal::Denied,
+        Refusal::NotAllowedForCluster,
+    ];
+
     /// A short label for logs and metrics.
     pub fn label(self) -> &'static str {
         match self {
@@ -89,6 +112,48 @@ impl Refusal {
             Refusal::Denied => "denied",
             Refusal::NotAllowedForCluster => "not_allowed_for_cluster",
         }
+    }
+}
+
+impl Refusal {
+    /// The reason string of the `EndpointsRefused` condition (CamelCase, as condition reasons
+    /// are).
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refusal::OutsideClusterSet => "OutsideClusterSetCIDRs",
+            Refusal::Unspecified => "UnspecifiedAddress",
+            Refusal::Loopback => "LoopbackAddress",
+            Refusal::LinkLocal => "LinkLocalAddress",
+            Refusal::Multicast => "MulticastAddress",
+            Refusal::Broadcast => "BroadcastAddress",
+            Refusal::V4Mapped => "IPv4MappedAddress",
+            Refusal::InsideClusterSet => "InsideClusterSetCIDRs",
+            Refusal::Denied => "DeniedAddress",
+            Refusal::NotAllowedForCluster => "NotAllowedForCluster",
+        }
+    }
+}
+
+/// An endpoint of a member's local EndpointSlice that the merge did not import.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RefusedEndpoint {
+    /// The member cluster.
+    pub cluster: ClusterId,
+    /// The member's local EndpointSlice that lists it.
+    pub slice: NamespacedName,
+    /// The endpoint's address.
+    pub addr: IpAddr,
+    /// Why it was refused.
+    pub why: Refusal,
+}
+
+impl fmt::Display for RefusedEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "endpoint {} of EndpointSlice {} is {}",
+            self.addr, self.slice, self.why
+        )
     }
 }
 

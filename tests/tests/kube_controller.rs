@@ -24,6 +24,7 @@ use dataplane_core::{
         EndpointSlice, FIELD_MANAGER, LABEL_APP_MANAGED_BY, LABEL_MANAGED_BY, LABEL_SERVICE_NAME,
         LABEL_SOURCE_CLUSTER, MANAGED_BY, Service, ServiceExport, ServiceImport,
     },
+    policy::AddressPolicy,
     reconcile::{self, Action, EVENT_CONFLICT, EVENT_RESOLVED, Observed},
 };
 use http::{Method, StatusCode};
@@ -84,6 +85,7 @@ fn settings(local: &str, grace: Duration) -> Arc<ControllerSettings> {
         unreachable_grace: grace,
         probe_interval: Duration::from_millis(100),
         identity: format!("{local}-agent"),
+        policy: AddressPolicy::default(),
     })
 }
 
@@ -490,6 +492,89 @@ async fn api_server_restart_converges_without_duplicate_writes() -> anyhow::Resu
             .contains("mcs_watch_restarts_total{cluster=\"east\""),
         "the 410s are counted"
     );
+    Ok(())
+}
+
+/// The `mcs_refused_addresses` lines of the controller's endpoints, sorted.
+fn refused_metrics(m: &Metrics) -> Vec<String> {
+    let mut v: Vec<String> = m
+        .encode()
+        .lines()
+        .filter(|l| l.starts_with("mcs_refused_addresses{kind=\"member_endpoint\""))
+        .map(str::to_owned)
+        .collect();
+    v.sort();
+    v
+}
+
+/// 4b: loopback and metadata endpoints in a member's slice, next to a good one: neither
+/// cluster imports them (the slice is imported with the good one), both controllers count
+/// them, and the member's own ServiceExport says which were refused; once they are gone from
+/// the slice, the condition and the counts go too.
+#[tokio::test]
+async fn refused_endpoints_are_dropped_and_reported_on_the_members_export() -> anyhow::Result<()> {
+    let (east, west) = (FakeApiServer::start().await?, FakeApiServer::start().await?);
+    seed(&east, "east", T_EAST, &["10.1.0.1"]);
+    seed(
+        &west,
+        "west",
+        T_WEST,
+        &["10.2.0.1", "127.0.0.1", "169.254.169.254"],
+    );
+    let members = [("east", &east), ("west", &west)];
+    let e = start("east", &members, Duration::from_secs(300));
+    let w = start("west", &members, Duration::from_secs(300));
+    let refused = summary(&[
+        ("Conflict", "False", "NoConflicts"),
+        (
+            "EndpointsRefused",
+            "True",
+            "LoopbackAddress,LinkLocalAddress",
+        ),
+        ("Ready", "True", "Ready"),
+        ("Valid", "True", "Valid"),
+    ]);
+    let want = expect_imported(&[("east", &["10.1.0.1"]), ("west", &["10.2.0.1"])]);
+    west.wait_until(WAIT, "west's export says its endpoints are refused", |s| {
+        export_summary(s, "web") == refused
+    })
+    .await?;
+    for srv in [&east, &west] {
+        srv.wait_until(WAIT, "web is imported without the refused endpoints", |s| {
+            ready_import(s, "web").is_some() && imported(s, "web") == want
+        })
+        .await?;
+    }
+    let message = condition(&export_conditions(&west, "web"), "EndpointsRefused")
+        .expect("EndpointsRefused")
+        .message
+        .clone();
+    for part in [
+        "endpoint 127.0.0.1 of EndpointSlice demo/web-west-local is a loopback address",
+        "endpoint 169.254.169.254 of EndpointSlice demo/web-west-local is a link-local address",
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message:?}");
+    }
+    // East's own endpoints are fine: its export has no such condition.
+    assert_eq!(export_summary(&east, "web"), no_conflict());
+    for (name, c) in [("east", &e), ("west", &w)] {
+        assert_eq!(
+            refused_metrics(&c.metrics),
+            [
+                "mcs_refused_addresses{kind=\"member_endpoint\",reason=\"link_local\"} 1",
+                "mcs_refused_addresses{kind=\"member_endpoint\",reason=\"loopback\"} 1",
+            ],
+            "{name}"
+        );
+    }
+
+    // The bad endpoints leave the slice: the condition clears and nothing is counted.
+    west.put(&ready_slice("web", "west", &["10.2.0.1"]));
+    converged(&east, &west, &["10.1.0.1"], &["10.2.0.1"]).await?;
+    for c in [&e, &w] {
+        // The export's condition is cleared by the same pass that counted.
+        assert_eq!(refused_metrics(&c.metrics), Vec::<String>::new());
+    }
     Ok(())
 }
 

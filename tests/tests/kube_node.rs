@@ -154,27 +154,64 @@ fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
 }
 
 fn wait_http(agent: &mut Agent, port: u16, path: &str, want: u16) -> anyhow::Result<String> {
+    wait_http_until(agent, port, path, &format!("{path} = {want}"), |code, _| {
+        code == want
+    })
+}
+
+/// Gets `path` until `done(status, body)`; the body.
+fn wait_http_until(
+    agent: &mut Agent,
+    port: u16,
+    path: &str,
+    what: &str,
+    done: impl Fn(u16, &str) -> bool,
+) -> anyhow::Result<String> {
     let deadline = Instant::now() + WAIT;
     loop {
         if let Ok((code, body)) = http_get(port, path)
-            && code == want
+            && done(code, &body)
         {
             return Ok(body);
         }
         anyhow::ensure!(
             Instant::now() < deadline && agent.running(),
-            "timed out waiting for {path} = {want}; agent log:\n{}",
+            "timed out waiting for {what}; agent log:\n{}",
             agent.log_text()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(19090)
+/// The value of the translation counter of `vip`:`port` in a `/metrics` text.
+fn translations(metrics: &str, vip: &str, port: u16) -> Option<u64> {
+    metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("mcs_frontend_translations_total{")
+                && l.contains(&format!("ip=\"{vip}\""))
+                && l.contains(&format!("port=\"{port}\""))
+        })?
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// `--metrics-address` and `--health-address` on two free ports of 127.0.0.1.
+fn telemetry_args() -> (u16, u16, [String; 4]) {
+    // Both bound at once, so they differ.
+    let bind = || std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let (a, b) = (bind(), bind());
+    let port = |l: &std::net::TcpListener| l.local_addr().expect("addr").port();
+    let (metrics, health) = (port(&a), port(&b));
+    let args = [
+        "--metrics-address".to_owned(),
+        format!("127.0.0.1:{metrics}"),
+        "--health-address".to_owned(),
+        format!("127.0.0.1:{health}"),
+    ];
+    (metrics, health, args)
 }
 
 /// 7: the maps follow the imported slices through the API, and traffic follows the maps. A
@@ -227,8 +264,7 @@ fn node_role_follows_imported_slices_from_the_api() {
         format!("members:\n- id: east\n- id: west\n  kubeconfig: west.kubeconfig\n{leader}"),
     )
     .expect("write");
-    let metrics_port = free_port();
-    let port_arg = format!("127.0.0.1:{metrics_port}");
+    let (metrics_port, health_port, telemetry) = telemetry_args();
     let config = dir.join("clusterset.yaml");
     let east_kubeconfig = dir.join("east.kubeconfig");
     let args = [
@@ -239,8 +275,10 @@ fn node_role_follows_imported_slices_from_the_api() {
         "node-a",
         "--lease-namespace",
         "mcs-system",
-        "--metrics-address",
-        &port_arg,
+        &telemetry[0],
+        &telemetry[1],
+        &telemetry[2],
+        &telemetry[3],
     ];
     let mut agent = Agent::start_with_env(
         &topo,
@@ -275,22 +313,20 @@ fn node_role_follows_imported_slices_from_the_api() {
         set(&["east", "west"]),
         "both exporting clusters serve"
     );
-    wait_http(&mut agent, metrics_port, "/readyz", 200).expect("ready");
-    let metrics = wait_http(&mut agent, metrics_port, "/metrics", 200).expect("metrics");
-    let translated = metrics
-        .lines()
-        .find(|l| {
-            l.starts_with("mcs_frontend_translations_total{")
-                && l.contains(&format!("ip=\"{vip}\""))
-                && l.contains("port=\"80\"")
-        })
-        .unwrap_or_else(|| panic!("no translation counter for {vip}:80 in\n{metrics}"));
-    let count: u64 = translated
-        .rsplit(' ')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    assert!(count >= 100, "{translated}");
+    wait_http(&mut agent, health_port, "/readyz", 200).expect("ready");
+    // Each on its own listener: the probes' port has no metrics, the metrics port no probes.
+    assert_eq!(http_get(health_port, "/metrics").expect("get").0, 404);
+    assert_eq!(http_get(metrics_port, "/readyz").expect("get").0, 404);
+    // The counters come from the agent's map snapshot, taken after the probes within a
+    // refresh period.
+    let metrics = wait_http_until(
+        &mut agent,
+        metrics_port,
+        "/metrics",
+        "100 translations in /metrics",
+        |code, body| code == 200 && translations(body, &vip, 80).is_some_and(|n| n >= 100),
+    )
+    .expect("metrics");
     assert!(metrics.contains("mcs_leader 1"), "{metrics}");
     assert!(
         metrics.contains("mcs_map_sync_duration_seconds_count"),
@@ -350,7 +386,7 @@ fn node_role_follows_imported_slices_from_the_api() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(http_get(metrics_port, "/readyz").expect("readyz").0, 503);
+    assert_eq!(http_get(health_port, "/readyz").expect("readyz").0, 503);
     let rows = inspect_json(&agent.pin_dir).expect("inspect");
     assert_eq!(
         backends_of(&rows, &vip, 80),
@@ -365,7 +401,7 @@ fn node_role_follows_imported_slices_from_the_api() {
         "traffic flows while the API server is away"
     );
     rt.block_on(east.resume()).expect("resume");
-    wait_http(&mut agent, metrics_port, "/readyz", 200).expect("ready again");
+    wait_http(&mut agent, health_port, "/readyz", 200).expect("ready again");
     wait_backends(&mut agent, &vip, 80, &east_only).expect("still east only");
 }
 
@@ -419,20 +455,21 @@ fn node_only_role_routes_seeded_imports() {
     )
     .expect("write");
     let config = dir.join("clusterset.yaml");
-    let metrics_port = free_port();
-    let port_arg = format!("127.0.0.1:{metrics_port}");
+    let (_, health_port, telemetry) = telemetry_args();
     let args = [
         "run",
         "--config",
         config.to_str().expect("utf-8"),
         "--roles",
         "node",
-        "--metrics-address",
-        &port_arg,
+        &telemetry[0],
+        &telemetry[1],
+        &telemetry[2],
+        &telemetry[3],
     ];
     let mut agent = Agent::start(&topo, &args).expect("agent");
     // Ready after the first sync.
-    wait_http(&mut agent, metrics_port, "/readyz", 200).expect("ready");
+    wait_http(&mut agent, health_port, "/readyz", 200).expect("ready");
     wait_backends(
         &mut agent,
         vip,

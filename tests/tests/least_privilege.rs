@@ -140,6 +140,8 @@ fn start_node(topo: &Topology, config: &str, caps: &[&str]) -> Agent {
             "node",
             "--metrics-address",
             "127.0.0.1:0",
+            "--health-address",
+            "127.0.0.1:0",
         ],
         &[],
     )

@@ -37,7 +37,7 @@ pub struct LinkSummary {
     pub program_id: u32,
 }
 
-#[derive(Debug, Serialize, PartialEq, Eq)]
+#[derive(Debug, Default, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct FrontendRow {
     pub namespace: String,

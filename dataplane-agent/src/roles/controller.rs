@@ -17,6 +17,12 @@
 //! withdrawn (its Services and exports still count), and the imports' `Ready` message says
 //! so. The answers to the controller's own writes are filed as observed at once, so a pass that
 //! runs before the watch delivers them does not write them again.
+//!
+//! Endpoints of members' local slices that the address policy refuses (loopback, link-local,
+//! ...: [`dataplane_core::policy`]) are left out of the imported slices by the merge. Each is
+//! logged once with its cluster and slice, counted in
+//! `mcs_refused_addresses{kind="member_endpoint"}`, and the local ServiceExport of a service
+//! with refused local endpoints carries `EndpointsRefused=True` until they are gone.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -43,6 +49,7 @@ use dataplane_core::{
         conditions::{ConditionStatus, ConditionType},
     },
     model::{ClusterId, Interner, NamespacedName},
+    policy::{AddressPolicy, AddressUse, RefusedEndpoint},
     reconcile::{
         Action, DesiredService, ObservedExport, ObservedImport, ObservedIndex, ObservedKind,
         ObservedSlice, reconcile_service, reconcile_unlabelled,
@@ -62,6 +69,8 @@ pub struct ControllerSettings {
     pub probe_interval: Duration,
     /// Names this agent in Events (the pod name).
     pub identity: String,
+    /// Which endpoints of the members are imported.
+    pub policy: AddressPolicy,
 }
 
 const MAX_RETRY: Duration = Duration::from_secs(60);
@@ -82,6 +91,9 @@ struct Controller {
     withdrawn: BTreeSet<ClusterId>,
     /// The conflict reasons of each local export in conflict, for `mcs_conflicts`.
     conflicts: HashMap<NamespacedName, Vec<String>>,
+    /// The refused endpoints of each service that has any, for the log and
+    /// `mcs_refused_addresses`.
+    refused: HashMap<NamespacedName, Vec<RefusedEndpoint>>,
 }
 
 impl Controller {
@@ -140,6 +152,8 @@ impl Controller {
 
     /// Merges what changed and compares every service that may differ; the actions to take.
     fn decide(&mut self, now: &Time) -> (Vec<Action>, usize) {
+        // The first merge logs every diagnostic, refused endpoints included.
+        let log_refused = self.merged;
         let merged = if self.merged {
             self.state.update(&std::mem::take(&mut self.to_merge))
         } else {
@@ -160,6 +174,21 @@ impl Controller {
         services.extend(std::mem::take(&mut self.to_compare));
         let local = self.settings.local.clone();
         let mut actions = Vec::new();
+        let mut refused_changed = false;
+        for service in &merged {
+            let refused = self.state.service(service).map_or(&[][..], |o| &o.refused);
+            refused_changed |= note_refused(&mut self.refused, service, refused, log_refused);
+        }
+        if refused_changed {
+            let mut counts = BTreeMap::new();
+            for r in self.refused.values().flatten() {
+                *counts
+                    .entry((AddressUse::MemberEndpoint, r.why))
+                    .or_insert(0) += 1;
+            }
+            self.metrics
+                .set_refused(&[AddressUse::MemberEndpoint], &counts);
+        }
         for service in &services {
             let output = self.state.service(service);
             let desired = DesiredService::of(output, &local);
@@ -254,6 +283,33 @@ impl Controller {
     }
 }
 
+/// Keeps `service`'s refused endpoints, logging those not refused before when `log`; whether
+/// they changed.
+fn note_refused(
+    kept: &mut HashMap<NamespacedName, Vec<RefusedEndpoint>>,
+    service: &NamespacedName,
+    refused: &[RefusedEndpoint],
+    log: bool,
+) -> bool {
+    let before = kept.get(service).map_or(&[][..], Vec::as_slice);
+    if before == refused {
+        return false;
+    }
+    if log {
+        // Both sorted: the new ones are those `before` lacks.
+        for r in refused.iter().filter(|r| before.binary_search(r).is_err()) {
+            warn!(cluster = %r.cluster, slice = %r.slice, address = %r.addr, reason = r.why.label(),
+                "endpoint {} of EndpointSlice {} is {}; not imported", r.addr, r.slice, r.why);
+        }
+    }
+    if refused.is_empty() {
+        kept.remove(service);
+    } else {
+        kept.insert(service.clone(), refused.to_vec());
+    }
+    true
+}
+
 /// Keeps the conflict reasons of `service`'s local export, and the `mcs_conflicts` gauges.
 fn note_conflicts(
     conflicts: &mut HashMap<NamespacedName, Vec<String>>,
@@ -325,6 +381,7 @@ pub async fn run(
     let sink = KubeSink::new(local_client, &settings.identity);
     let mut state = MergeState::new(settings.clusterset.clone(), settings.local.clone());
     state.set_grace(settings.unreachable_grace);
+    state.set_policy(settings.policy.clone());
     let mut ctl = Controller {
         settings: settings.clone(),
         metrics: metrics.clone(),
@@ -336,6 +393,7 @@ pub async fn run(
         merged: false,
         withdrawn: BTreeSet::new(),
         conflicts: HashMap::new(),
+        refused: HashMap::new(),
     };
     let started = Instant::now();
     let mut retry: Option<(Instant, Duration)> = None;

@@ -5,7 +5,8 @@
 //!   ([`crate::source::kube::watch_node_inputs`]);
 //! - the controller role, only while this pod holds the `coordination.k8s.io` Lease
 //!   ([`crate::roles::controller::run_elected`], kube-lease-manager);
-//! - the telemetry server (`/metrics`, `/healthz`, `/readyz`).
+//! - the telemetry servers: `/metrics` on one address, `/healthz` and `/readyz` on another
+//!   ([`crate::telemetry::server`]), and the refresher of the metrics' map snapshot.
 //!
 //! `--roles node|controller|all` (default `all`) runs only one of the two roles: a node-only
 //! agent needs just the local API server (it reads no member kubeconfig but the local one's)
@@ -36,11 +37,11 @@ use crate::{
     config::{AgentConfig, Member},
     source::kube::watch_node_inputs,
     telemetry::{
-        metrics::Metrics,
-        server::{self, Health},
+        metrics::{MAP_REFRESH_EVERY, Metrics},
+        server::{self, Endpoints, Health},
     },
 };
-use dataplane_core::model::ClusterId;
+use dataplane_core::{model::ClusterId, policy::AddressUse};
 
 /// Name of the ClusterProperty holding the cluster id (KEP-2149).
 pub const CLUSTER_ID_PROPERTY: &str = "cluster.clusterset.k8s.io";
@@ -123,11 +124,15 @@ pub struct KubeModeOptions {
     pub identity: String,
     /// The namespace of the Lease (the agent's own namespace).
     pub lease_namespace: String,
-    /// Where `/metrics`, `/healthz` and `/readyz` are served.
-    pub telemetry_address: SocketAddr,
+    /// Where `/metrics` is served.
+    pub metrics_address: SocketAddr,
+    /// Where `/healthz` and `/readyz` are served (the same listener when equal to
+    /// `metrics_address`).
+    pub health_address: SocketAddr,
     /// The node role's `clusterset.local` DNS server (off without addresses).
     pub dns: crate::dns::DnsOptions,
-    /// Which ClusterSet IPs and backends the node role may program.
+    /// Which ClusterSet IPs and backends the node role may program, and which endpoints of
+    /// the members the controller imports.
     pub policy: dataplane_core::policy::AddressPolicy,
 }
 
@@ -349,6 +354,84 @@ pub async fn elect_and_control(
     }
 }
 
+/// Binds and serves `/metrics` on `metrics_address` and `/healthz`, `/readyz` on
+/// `health_address` (one listener for all when they are equal); the server tasks.
+pub async fn serve_telemetry(
+    metrics_address: SocketAddr,
+    health_address: SocketAddr,
+    metrics: &Arc<Metrics>,
+    health: &Arc<Health>,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, KubeModeError> {
+    let listeners = if metrics_address == health_address {
+        vec![(
+            metrics_address,
+            "/metrics, /healthz and /readyz",
+            Endpoints {
+                metrics: Some(metrics.clone()),
+                health: Some(health.clone()),
+            },
+        )]
+    } else {
+        vec![
+            (
+                metrics_address,
+                "/metrics",
+                Endpoints {
+                    metrics: Some(metrics.clone()),
+                    health: None,
+                },
+            ),
+            (
+                health_address,
+                "/healthz and /readyz",
+                Endpoints {
+                    metrics: None,
+                    health: Some(health.clone()),
+                },
+            ),
+        ]
+    };
+    let mut tasks: Vec<tokio::task::JoinHandle<()>> = Vec::with_capacity(listeners.len());
+    for (addr, paths, endpoints) in listeners {
+        let bound = server::bind(addr).await;
+        let (listener, local) = match bound {
+            Ok(b) => b,
+            Err(source) => {
+                for t in &tasks {
+                    t.abort();
+                }
+                return Err(KubeModeError::Bind { addr, source });
+            }
+        };
+        info!(addr = %local, "serving {paths}");
+        tasks.push(tokio::spawn(server::serve(listener, endpoints)));
+    }
+    Ok(tasks)
+}
+
+/// Watches the controller task: it returns only when asked to stop (`stopping` set), so its
+/// end otherwise (a panic, or a return) fails `/healthz` with the reason and wakes `fatal`,
+/// and the agent exits to be restarted.
+pub fn supervise_controller(
+    inner: tokio::task::JoinHandle<()>,
+    health: Arc<Health>,
+    fatal: Arc<Notify>,
+    stopping: Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let outcome = inner.await;
+        if !stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            let reason = match outcome {
+                Err(e) if e.is_panic() => "the controller task panicked",
+                _ => "the controller task ended",
+            };
+            error!("{reason}");
+            health.set_failed(reason);
+            fatal.notify_one();
+        }
+    })
+}
+
 /// Runs Kubernetes mode until SIGTERM/SIGINT: the node role and/or the elected controller
 /// (`options.roles`), and telemetry.
 pub async fn run(
@@ -369,16 +452,17 @@ pub async fn run(
         .unwrap_or_else(|| PathBuf::from("."));
     let (local, members) = connect(&config, &config_dir, !roles.controller()).await?;
     info!(local = %local, members = members.len(), identity = %options.identity, ?roles, "kubernetes mode");
-    let metrics = Arc::new(Metrics::new(Some(loader.pin_dir.clone())));
+    // A controller-only agent has no maps to report.
+    let metrics = Arc::new(Metrics::new(roles.node().then(|| loader.pin_dir.clone())));
     let health = Arc::new(Health::default());
-    let (listener, addr) = server::bind(options.telemetry_address)
-        .await
-        .map_err(|source| KubeModeError::Bind {
-            addr: options.telemetry_address,
-            source,
-        })?;
-    info!(%addr, "serving /metrics, /healthz and /readyz");
-    let telemetry = tokio::spawn(server::serve(listener, metrics.clone(), health.clone()));
+    let telemetry = serve_telemetry(
+        options.metrics_address,
+        options.health_address,
+        &metrics,
+        &health,
+    )
+    .await?;
+    let refresher = tokio::spawn(metrics.clone().refresh_maps_forever(MAP_REFRESH_EVERY));
 
     let mut dns_server = None;
     let node = if roles.node() {
@@ -408,6 +492,7 @@ pub async fn run(
             unreachable_grace: config.unreachable_grace,
             probe_interval: config.probe_interval,
             identity: options.identity.clone(),
+            policy: options.policy.clone(),
         });
         let inner = tokio::spawn(elect_and_control(
             settings,
@@ -417,20 +502,7 @@ pub async fn run(
             options.lease_namespace.clone(),
             stop_controller.clone(),
         ));
-        let (health, fatal, stopping) = (health.clone(), fatal.clone(), stopping.clone());
-        // The controller loop returns only when asked to stop; anything else (a panic) is fatal.
-        tokio::spawn(async move {
-            let outcome = inner.await;
-            if !stopping.load(std::sync::atomic::Ordering::SeqCst) {
-                let reason = match outcome {
-                    Err(e) if e.is_panic() => "the controller task panicked",
-                    _ => "the controller task ended",
-                };
-                error!("{reason}");
-                health.set_failed(reason);
-                fatal.notify_one();
-            }
-        })
+        supervise_controller(inner, health.clone(), fatal.clone(), stopping.clone())
     });
     let shutdown_or_fatal = {
         let fatal = fatal.clone();
@@ -455,7 +527,11 @@ pub async fn run(
             let ended =
                 node::run_with(node, rx, shutdown_or_fatal, move |node, report, elapsed| {
                     m.observe_map_sync(elapsed, report.failed.len());
-                    m.set_refused(node.refused());
+                    m.maps_changed();
+                    m.set_refused(
+                        &[AddressUse::ClusterSetIp, AddressUse::Backend],
+                        node.refused(),
+                    );
                     h.set_ready();
                 })
                 .await;
@@ -476,7 +552,10 @@ pub async fn run(
         stop_controller.notify_one();
         let _ = tokio::time::timeout(Duration::from_secs(6), control).await;
     }
-    telemetry.abort();
+    for task in telemetry {
+        task.abort();
+    }
+    refresher.abort();
     drop(dns_server);
     match health.failure() {
         Some(reason) => Err(KubeModeError::Failed(reason)),
@@ -511,6 +590,51 @@ users:
 "
         ))
         .expect("kubeconfig")
+    }
+
+    /// (what `/healthz` answers, whether the agent was told to exit) after the controller
+    /// task ends as `task` does, with `stopping` set beforehand or not.
+    async fn after_controller(
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+        stopping: bool,
+    ) -> (u16, String, bool) {
+        let health = Arc::new(Health::default());
+        let fatal = Arc::new(Notify::new());
+        let flag = Arc::new(std::sync::atomic::AtomicBool::new(stopping));
+        let watcher = supervise_controller(tokio::spawn(task), health.clone(), fatal.clone(), flag);
+        watcher.await.expect("the watcher ends with the task");
+        let endpoints = Endpoints {
+            metrics: None,
+            health: Some(health),
+        };
+        let res = server::respond(&hyper::Method::GET, "/healthz", &endpoints);
+        let status = res.status().as_u16();
+        let body = http_body_util::BodyExt::collect(res.into_body())
+            .await
+            .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+            .unwrap_or_default();
+        // `notify_one` stores a permit: a told agent finds it at once.
+        let told = tokio::time::timeout(Duration::ZERO, fatal.notified())
+            .await
+            .is_ok();
+        (status, body, told)
+    }
+
+    #[tokio::test]
+    async fn an_ended_controller_task_fails_healthz_and_stops_the_agent() {
+        assert_eq!(
+            after_controller(async { panic!("bug") }, false).await,
+            (503, "the controller task panicked\n".into(), true)
+        );
+        assert_eq!(
+            after_controller(async {}, false).await,
+            (503, "the controller task ended\n".into(), true)
+        );
+        // Asked to stop (SIGTERM): its end is not a failure.
+        assert_eq!(
+            after_controller(async {}, true).await,
+            (200, "ok\n".into(), false)
+        );
     }
 
     #[test]

@@ -61,9 +61,14 @@ pub struct Standalone {
 /// kernel is touched; later failures keep the last good state. The dataplane stays in place
 /// afterwards.
 pub async fn run(settings: Standalone, loader: &LoaderConfig) -> Result<(), StandaloneError> {
-    let (mut merge, first) = ClusterSetMerge::start(&settings.dir, settings.cluster.as_ref())?;
-    let (node, _dns) = Node::start_with_dns(loader, &settings.dns)?;
     // From the ClusterSet CIDRs at start; a CIDR change in clusterset.yaml needs a restart.
+    // The merge imports only the endpoints it allows (the others are reported on their
+    // exports), and the node checks again what it is given.
+    let (mut merge, first) =
+        ClusterSetMerge::start(&settings.dir, settings.cluster.as_ref(), |cidrs| {
+            settings.addresses.policy(cidrs)
+        })?;
+    let (node, _dns) = Node::start_with_dns(loader, &settings.dns)?;
     let mut node = node.with_policy(settings.addresses.policy(&merge.config().cidrs));
     if let Some(logger) = node.take_logger() {
         tokio::spawn(node::pump_bpf_logs(logger));

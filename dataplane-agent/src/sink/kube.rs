@@ -9,7 +9,7 @@
 //! | [`Action::ApplyImport`] | `PATCH .../serviceimports/NAME` (metadata labels/annotations and spec) |
 //! | [`Action::ApplyImportStatus`] | `PATCH .../serviceimports/NAME/status` (clusters, conditions) |
 //! | [`Action::ApplySlice`] | `PATCH /apis/discovery.k8s.io/v1/namespaces/NS/endpointslices/NAME` |
-//! | [`Action::ApplyExportStatus`] | `PATCH .../serviceexports/NAME/status` (`Valid`, `Ready`, `Conflict`) |
+//! | [`Action::ApplyExportStatus`] | `PATCH .../serviceexports/NAME/status` (`Valid`, `Ready`, `Conflict`, `EndpointsRefused`) |
 //! | [`Action::DeleteImport`], [`Action::DeleteSlice`] | `DELETE`, with the observed uid as a precondition |
 //! | [`Action::Event`] | an `events.k8s.io/v1` Event on the ServiceExport (kube's `Recorder`) |
 

@@ -22,9 +22,10 @@ use std::{
 
 use dataplane_core::{
     lb::inputs::{ImportInput, SliceInput, record_input},
-    merge::MergeState,
+    merge::{ClusterSetCidrs, MergeState},
     model::{ClusterId, NamespacedName, name::Name, records::ImportRecord},
     plan::Merged,
+    policy::AddressPolicy,
 };
 use foldhash::HashMap;
 use tracing::debug;
@@ -64,6 +65,8 @@ pub struct ClusterSetMerge {
     files: ClusterSetFiles,
     cluster: ClusterId,
     state: MergeState,
+    /// Which endpoints are imported (from the configuration at start).
+    policy: AddressPolicy,
     sent: HashMap<NamespacedName, Sent>,
     /// A reload failed: every batch reloads until one succeeds.
     reload_pending: bool,
@@ -75,18 +78,26 @@ impl ClusterSetMerge {
         self.files.config()
     }
 
-    /// Reads and merges `dir` for `cluster` (default: the first cluster id in sorted order);
-    /// the merge and the node's first input, one complete change.
-    pub fn start(dir: &Path, cluster: Option<&ClusterId>) -> Result<(Self, Change), PlanError> {
+    /// Reads and merges `dir` for `cluster` (default: the first cluster id in sorted order),
+    /// importing the endpoints `policy` of the ClusterSet's CIDRs allows (kept for the
+    /// later merges); the merge and the node's first input, one complete change.
+    pub fn start(
+        dir: &Path,
+        cluster: Option<&ClusterId>,
+        policy: impl FnOnce(&ClusterSetCidrs) -> AddressPolicy,
+    ) -> Result<(Self, Change), PlanError> {
         let files = ClusterSetFiles::load(dir)?;
         let cluster = importing_cluster(dir, files.cluster_ids(), files.config(), cluster)?;
+        let policy = policy(&files.config().cidrs);
         let mut state = MergeState::new(files.config().clone(), cluster.clone());
+        state.set_policy(policy.clone());
         state.load(&files.used_snapshots(), &files.imports(&cluster));
         let mut merge = ClusterSetMerge {
             dir: dir.to_owned(),
             files,
             cluster,
             state,
+            policy,
             sent: HashMap::default(),
             reload_pending: false,
         };
@@ -152,6 +163,7 @@ impl ClusterSetMerge {
         )?;
         let current: Vec<ImportRecord> = self.state.imports().cloned().collect();
         let mut state = MergeState::new(self.files.config().clone(), cluster);
+        state.set_policy(self.policy.clone());
         state.load(&self.files.used_snapshots(), &current);
         self.state = state;
         self.reload_pending = false;
@@ -247,7 +259,7 @@ impl ClusterSetMerge {
 
 #[cfg(test)]
 mod tests {
-    use dataplane_core::lb::inputs::InputIndex;
+    use dataplane_core::{lb::inputs::InputIndex, merge::ConditionType};
 
     use super::*;
     use crate::source::clusterset_dir;
@@ -310,7 +322,9 @@ mod tests {
             let dir = tempfile::tempdir().expect("tempdir");
             copy_example(dir.path());
             let cluster = ClusterId::new("cluster-a").expect("id");
-            let (merge, first) = ClusterSetMerge::start(dir.path(), Some(&cluster)).expect("start");
+            let (merge, first) =
+                ClusterSetMerge::start(dir.path(), Some(&cluster), AddressPolicy::for_cidrs)
+                    .expect("start");
             let mut node = InputIndex::default();
             node.apply(first, &mut BTreeSet::new());
             let run = Run { dir, merge, node };
@@ -387,6 +401,62 @@ mod tests {
             "cluster-x/a.yaml",
         ]));
         assert!(update.read.is_empty() && update.changes.is_empty());
+    }
+
+    /// Standalone mode reports refused endpoints as the controller does: left out of the
+    /// imported slice, `EndpointsRefused` on the member's export in the report, and a
+    /// diagnostic naming the slice and its file; gone with them.
+    #[test]
+    fn refused_endpoints_are_left_out_and_reported() {
+        let mut run = Run::start();
+        let (good, bad) = (
+            "endpoints:\n- addresses: [10.99.2.10]",
+            "endpoints:\n- addresses: [127.0.0.1]\n- addresses: [10.99.2.10]",
+        );
+        run.edit("cluster-b/services.yaml", good, bad);
+        run.update(&batch(&["cluster-b/services.yaml"]));
+        run.check();
+        let merged = run.merge.merged();
+        let imported: Vec<String> = merged
+            .merge
+            .endpoint_slices
+            .iter()
+            .flat_map(|s| s.endpoints.list().iter().map(|e| e.addr.to_string()))
+            .collect();
+        assert!(imported.contains(&"10.99.2.10".to_owned()), "{imported:?}");
+        assert!(!imported.contains(&"127.0.0.1".to_owned()), "{imported:?}");
+        let refused: Vec<(String, String)> = merged
+            .merge
+            .export_statuses
+            .iter()
+            .filter(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == ConditionType::EndpointsRefused)
+            })
+            .map(|s| (s.cluster.to_string(), s.service.to_string()))
+            .collect();
+        assert_eq!(refused, [("cluster-b".to_owned(), "demo/web".to_owned())]);
+        let report = merged.report_yaml(&[]);
+        assert!(report.contains("reason: LoopbackAddress"), "{report}");
+        let diagnostics: Vec<String> = merged
+            .diagnostics(&[])
+            .iter()
+            .filter(|d| d.message.contains("127.0.0.1"))
+            .map(|d| format!("{:?} {:?} {}", d.file, d.object, d.message))
+            .collect();
+        assert_eq!(diagnostics.len(), 1, "{diagnostics:?}");
+        assert!(
+            diagnostics[0].contains("cluster-b/services.yaml")
+                && diagnostics[0].contains("is a loopback address; not imported"),
+            "{diagnostics:?}"
+        );
+
+        run.edit("cluster-b/services.yaml", bad, good);
+        run.update(&batch(&["cluster-b/services.yaml"]));
+        run.check();
+        let report = run.merge.merged().report_yaml(&[]);
+        assert!(!report.contains("EndpointsRefused"), "{report}");
     }
 
     #[test]

@@ -15,13 +15,21 @@
 //! | `mcs_events_total` | counter | reason | Kubernetes Events emitted |
 //! | `mcs_leader` | gauge | | 1 while this agent holds the controller lease |
 //! | `mcs_member_reachable` | gauge | cluster | 1 while the member's API server answers |
-//! | `mcs_refused_addresses` | gauge | kind, reason | addresses in the node's inputs it refuses to program (`kind`: clusterset_ip or backend; docs/security.md) |
+//! | `mcs_refused_addresses` | gauge | kind, reason | addresses refused by the address policy (docs/security.md): in the node's inputs (`kind`: clusterset_ip or backend), or endpoints of members' slices the controller does not import (`member_endpoint`) |
 //! | `mcs_member_withdrawn` | gauge | cluster | 1 while the member's endpoints are withdrawn (unreachable past the grace period) |
 //!
-//! The frontend and map metrics are read from the pinned maps at scrape time, so they are right
-//! even right after an agent restart.
+//! The frontend and map metrics come from a snapshot of the pinned maps ([`MapSnapshot`]), not
+//! from the maps themselves: the agent reads the maps after a map sync (at most once per
+//! [`MAP_REFRESH_MIN_GAP`]) and every [`MAP_REFRESH_EVERY`] ([`Metrics::refresh_maps_forever`]),
+//! so a scrape costs the size of its text and never walks a map, however many scrapers there
+//! are. The snapshot is read from the pinned maps, so it is right even right after an agent
+//! restart. The other metrics are the live values.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
 use prometheus_client::{
     collector::Collector,
@@ -36,7 +44,16 @@ use prometheus_client::{
     registry::Registry,
 };
 
+use tokio::sync::Notify;
+
 use crate::bpf::{inspect, kernel::KernelMaps, maps::MapKind};
+use dataplane_core::policy::{AddressUse, Refusal};
+
+/// How often the map snapshot is taken when nothing changes (the frontend counters move with
+/// traffic, not with syncs).
+pub const MAP_REFRESH_EVERY: Duration = Duration::from_secs(10);
+/// The shortest time between two map snapshots: syncs in between are taken together.
+pub const MAP_REFRESH_MIN_GAP: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WatchLabels {
@@ -83,6 +100,10 @@ pub struct Metrics {
     pub member_reachable: Family<ClusterLabels, Gauge>,
     pub member_withdrawn: Family<ClusterLabels, Gauge>,
     pub refused_addresses: Family<RefusedLabels, Gauge>,
+    /// The snapshot of the pinned maps the frontend and map metrics are encoded from.
+    maps: Option<Arc<MapSnapshot>>,
+    /// Woken when the maps changed (a sync): the refresher takes a new snapshot.
+    maps_changed: Notify,
 }
 
 impl Default for Metrics {
@@ -93,8 +114,14 @@ impl Default for Metrics {
 
 impl Metrics {
     /// The metrics; with `pin_dir`, the frontend counters and map fill of the dataplane pinned
-    /// there are read on every scrape.
+    /// there, from snapshots of its maps (see the module documentation).
     pub fn new(pin_dir: Option<PathBuf>) -> Self {
+        Self::with_maps(pin_dir.map(|pin_dir| Box::new(PinnedMaps { pin_dir }) as _))
+    }
+
+    /// The metrics, with the frontend and map metrics from snapshots of `maps`.
+    pub fn with_maps(maps: Option<Box<dyn MapSource>>) -> Self {
+        let maps = maps.map(|source| Arc::new(MapSnapshot::new(source)));
         let mut registry = Registry::default();
         let seconds = || Histogram::new(exponential_buckets(0.0005, 2.0, 16));
         let m = Metrics {
@@ -111,6 +138,8 @@ impl Metrics {
             member_withdrawn: Family::default(),
             refused_addresses: Family::default(),
             registry: Registry::default(),
+            maps: maps.clone(),
+            maps_changed: Notify::new(),
         };
         registry.register(
             "mcs_map_sync_duration_seconds",
@@ -168,8 +197,8 @@ impl Metrics {
             "Addresses in the node's inputs that it refuses to program, by kind and reason",
             m.refused_addresses.clone(),
         );
-        if let Some(pin_dir) = pin_dir {
-            registry.register_collector(Box::new(MapCollector { pin_dir }));
+        if let Some(snapshot) = maps {
+            registry.register_collector(Box::new(MapCollector { snapshot }));
         }
         Metrics { registry, ..m }
     }
@@ -178,6 +207,43 @@ impl Metrics {
     pub fn observe_map_sync(&self, elapsed: Duration, failed: usize) {
         self.map_sync_duration.observe(elapsed.as_secs_f64());
         self.map_sync_failures.inc_by(failed as u64);
+    }
+
+    /// Says that the maps changed: the refresher takes a new snapshot soon (syncs in a burst
+    /// are taken together).
+    pub fn maps_changed(&self) {
+        self.maps_changed.notify_one();
+    }
+
+    /// Takes a snapshot of the maps now (blocking: it reads every map). Without a map source,
+    /// nothing.
+    pub fn refresh_maps(&self) {
+        if let Some(maps) = &self.maps {
+            maps.refresh();
+        }
+    }
+
+    /// Takes map snapshots until the task is dropped: now, after every [`Self::maps_changed`]
+    /// and every `every`, never two within [`MAP_REFRESH_MIN_GAP`]. Without a map source it
+    /// returns at once.
+    pub async fn refresh_maps_forever(self: Arc<Self>, every: Duration) {
+        if self.maps.is_none() {
+            return;
+        }
+        loop {
+            let me = self.clone();
+            if tokio::task::spawn_blocking(move || me.refresh_maps())
+                .await
+                .is_err()
+            {
+                tracing::warn!("reading the maps for the metrics failed");
+            }
+            tokio::time::sleep(MAP_REFRESH_MIN_GAP).await;
+            tokio::select! {
+                () = self.maps_changed.notified() => {}
+                () = tokio::time::sleep(every.saturating_sub(MAP_REFRESH_MIN_GAP)) => {}
+            }
+        }
     }
 
     /// Counts one controller write.
@@ -220,25 +286,31 @@ impl Metrics {
             .inc();
     }
 
-    /// Sets the refused-address gauges to the node's current counts (others disappear).
+    /// Sets the refused-address gauges of the kinds `uses` to `counts` (the node's or the
+    /// controller's current counts); those of these kinds not counted disappear, those of
+    /// other kinds stay.
     pub fn set_refused(
         &self,
-        counts: &std::collections::BTreeMap<
-            (
-                dataplane_core::policy::AddressUse,
-                dataplane_core::policy::Refusal,
-            ),
-            usize,
-        >,
+        uses: &[AddressUse],
+        counts: &std::collections::BTreeMap<(AddressUse, Refusal), usize>,
     ) {
-        self.refused_addresses.clear();
-        for ((address_use, reason), n) in counts {
-            self.refused_addresses
-                .get_or_create(&RefusedLabels {
+        for &address_use in uses {
+            for reason in Refusal::ALL {
+                let labels = RefusedLabels {
                     kind: address_use.label().to_owned(),
                     reason: reason.label().to_owned(),
-                })
-                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+                };
+                match counts.get(&(address_use, reason)) {
+                    Some(&n) if n > 0 => {
+                        self.refused_addresses
+                            .get_or_create(&labels)
+                            .set(i64::try_from(n).unwrap_or(i64::MAX));
+                    }
+                    _ => {
+                        self.refused_addresses.remove(&labels);
+                    }
+                }
+            }
         }
     }
 
@@ -273,25 +345,95 @@ impl Metrics {
     }
 }
 
-/// Reads the pinned maps on every scrape.
+/// What the frontend and map metrics are read from.
+pub trait MapSource: Send + Sync + std::fmt::Debug {
+    /// Reads every map; `None` when there is no dataplane (yet).
+    fn read(&self) -> Option<MapReading>;
+}
+
+/// The frontend counters and map fill, as one snapshot read them.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct MapReading {
+    /// The frontends with their labels and counters (without their backends).
+    pub frontends: Vec<inspect::FrontendRow>,
+    /// (map name, entries in use, `max_entries`), one per pinned map.
+    pub maps: Vec<(&'static str, i64, i64)>,
+}
+
+/// The maps pinned under `pin_dir`.
 #[derive(Debug)]
-struct MapCollector {
+struct PinnedMaps {
     pin_dir: PathBuf,
 }
 
-const MAPS: [MapKind; 7] = MapKind::ALL;
+impl MapSource for PinnedMaps {
+    fn read(&self) -> Option<MapReading> {
+        let maps = KernelMaps::open_pinned(&self.pin_dir.join("maps")).ok()?;
+        let contents = maps.read_all().ok()?;
+        let capacities = maps.capacities();
+        let mut frontends = inspect::rows(&contents);
+        for f in &mut frontends {
+            // Only the labels and counters are encoded: keep no more.
+            f.backends = Vec::new();
+            f.dns_names = Vec::new();
+        }
+        let maps = MapKind::ALL
+            .iter()
+            .map(|&kind| {
+                (
+                    kind.map_name(),
+                    contents.len(kind) as i64,
+                    i64::from(capacities.of(kind)),
+                )
+            })
+            .collect();
+        Some(MapReading { frontends, maps })
+    }
+}
+
+/// The last reading of a [`MapSource`]: what scrapes encode.
+#[derive(Debug)]
+pub struct MapSnapshot {
+    source: Box<dyn MapSource>,
+    current: Mutex<Option<Arc<MapReading>>>,
+}
+
+impl MapSnapshot {
+    fn new(source: Box<dyn MapSource>) -> Self {
+        MapSnapshot {
+            source,
+            current: Mutex::new(None),
+        }
+    }
+
+    /// Reads the source and keeps what it read (nothing, when it has no dataplane).
+    fn refresh(&self) {
+        let reading = self.source.read().map(Arc::new);
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = reading;
+    }
+
+    fn current(&self) -> Option<Arc<MapReading>> {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Encodes the last map snapshot.
+#[derive(Debug)]
+struct MapCollector {
+    snapshot: Arc<MapSnapshot>,
+}
 
 impl Collector for MapCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        // No dataplane (yet): no map metrics; the rest of the scrape still works.
-        let Ok(maps) = KernelMaps::open_pinned(&self.pin_dir.join("maps")) else {
+        // No snapshot (yet): no map metrics; the rest of the scrape still works.
+        let Some(reading) = self.snapshot.current() else {
             return Ok(());
         };
-        let Ok(contents) = maps.read_all() else {
-            return Ok(());
-        };
-        let rows = inspect::rows(&contents);
-        let labels: Vec<[(&str, String); 6]> = rows
+        let labels: Vec<[(&str, String); 6]> = reading
+            .frontends
             .iter()
             .map(|r| {
                 [
@@ -324,31 +466,27 @@ impl Collector for MapCollector {
         ];
         for (name, help, pick) in counters {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for (row, labels) in rows.iter().zip(&labels) {
+            for (row, labels) in reading.frontends.iter().zip(&labels) {
                 ConstCounter::new(pick(row)).encode(family.encode_family(labels)?)?;
             }
         }
-        let capacities = maps.capacities();
-        let mut entries = encoder.encode_descriptor(
-            "mcs_map_entries",
-            "Entries in use in each pinned map",
-            None,
-            MetricType::Gauge,
-        )?;
-        for kind in MAPS {
-            let labels = [("map", kind.map_name())];
-            ConstGauge::new(contents.len(kind) as i64).encode(entries.encode_family(&labels)?)?;
-        }
-        let mut capacity = encoder.encode_descriptor(
-            "mcs_map_capacity",
-            "max_entries of each pinned map",
-            None,
-            MetricType::Gauge,
-        )?;
-        for kind in MAPS {
-            let labels = [("map", kind.map_name())];
-            ConstGauge::new(i64::from(capacities.of(kind)))
-                .encode(capacity.encode_family(&labels)?)?;
+        type Fill = fn(&(&'static str, i64, i64)) -> i64;
+        let gauges: [(&str, &str, Fill); 2] = [
+            (
+                "mcs_map_entries",
+                "Entries in use in each pinned map",
+                |m| m.1,
+            ),
+            ("mcs_map_capacity", "max_entries of each pinned map", |m| {
+                m.2
+            }),
+        ];
+        for (name, help, pick) in gauges {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for m in &reading.maps {
+                let labels = [("map", m.0)];
+                ConstGauge::new(pick(m)).encode(family.encode_family(&labels)?)?;
+            }
         }
         Ok(())
     }
@@ -383,5 +521,98 @@ mod tests {
             );
         }
         assert_eq!(m.writes_total(), 2);
+    }
+
+    /// A map source that counts its reads and returns what the test set.
+    #[derive(Debug, Default)]
+    struct FakeMaps {
+        reads: std::sync::atomic::AtomicUsize,
+        translations: std::sync::atomic::AtomicU64,
+    }
+
+    #[derive(Debug)]
+    struct Shared(Arc<FakeMaps>);
+
+    impl MapSource for Shared {
+        fn read(&self) -> Option<MapReading> {
+            use std::sync::atomic::Ordering::SeqCst;
+            self.0.reads.fetch_add(1, SeqCst);
+            Some(MapReading {
+                frontends: vec![inspect::FrontendRow {
+                    namespace: "demo".into(),
+                    name: "web".into(),
+                    port_name: "http".into(),
+                    ip: "241.0.0.1".into(),
+                    port: 80,
+                    protocol: "TCP".into(),
+                    translations: self.0.translations.load(SeqCst),
+                    ..inspect::FrontendRow::default()
+                }],
+                maps: vec![("mcs_frontends4", 1, 64)],
+            })
+        }
+    }
+
+    fn reads(fake: &FakeMaps) -> usize {
+        fake.reads.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    const WEB: &str = "mcs_frontend_translations_total{namespace=\"demo\",name=\"web\",port_name=\"http\",ip=\"241.0.0.1\",port=\"80\",protocol=\"TCP\"}";
+
+    #[test]
+    fn scrapes_encode_the_snapshot_and_never_read_the_maps() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let fake = Arc::new(FakeMaps::default());
+        let m = Metrics::with_maps(Some(Box::new(Shared(fake.clone()))));
+        // No snapshot yet: no map metrics, and the scrape did not read the maps for one.
+        assert!(!m.encode().contains("mcs_map_entries"));
+        assert_eq!(reads(&fake), 0);
+
+        fake.translations.store(5, SeqCst);
+        m.refresh_maps();
+        for _ in 0..100 {
+            let text = m.encode();
+            assert!(text.lines().any(|l| l == format!("{WEB} 5")), "{text}");
+            assert!(
+                text.lines()
+                    .any(|l| l == "mcs_map_capacity{map=\"mcs_frontends4\"} 64"),
+                "{text}"
+            );
+        }
+        assert_eq!(reads(&fake), 1, "100 scrapes, one map read");
+
+        // The maps move; scrapes show the snapshot until the next refresh.
+        fake.translations.store(9, SeqCst);
+        assert!(m.encode().lines().any(|l| l == format!("{WEB} 5")));
+        m.refresh_maps();
+        assert!(m.encode().lines().any(|l| l == format!("{WEB} 9")));
+        assert_eq!(reads(&fake), 2);
+    }
+
+    #[tokio::test]
+    async fn a_sync_makes_the_refresher_take_a_new_snapshot() {
+        let fake = Arc::new(FakeMaps::default());
+        let m = Arc::new(Metrics::with_maps(Some(Box::new(Shared(fake.clone())))));
+        // Far away: only the start and the sync below can cause a read.
+        let task = tokio::spawn(m.clone().refresh_maps_forever(Duration::from_secs(3600)));
+        let wait_for = |n: usize| {
+            let fake = fake.clone();
+            async move {
+                while reads(&fake) < n {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), wait_for(1))
+            .await
+            .expect("the first snapshot at start");
+        fake.translations
+            .store(7, std::sync::atomic::Ordering::SeqCst);
+        m.maps_changed();
+        tokio::time::timeout(Duration::from_secs(30), wait_for(2))
+            .await
+            .expect("a snapshot after the sync");
+        assert!(m.encode().lines().any(|l| l == format!("{WEB} 7")));
+        task.abort();
     }
 }

@@ -1,9 +1,12 @@
-//! The telemetry endpoints, used by Prometheus and by the DaemonSet's probes:
+//! The telemetry endpoints, used by Prometheus and by the DaemonSet's probes. They are served
+//! on two listeners (one when both addresses are the same), each answering only its own paths
+//! ([`Endpoints`]):
 //!
-//! - `GET /metrics`: [`Metrics::encode`], `text/plain; version=0.0.4`;
-//! - `GET /healthz`: 200 while the agent's tasks run, 503 with the reason once one has failed
-//!   (the liveness probe restarts the pod);
-//! - `GET /readyz`: 200 once the node role has synced the maps from the initial lists, 503
+//! - metrics (`--metrics-address`): `GET /metrics`, [`Metrics::encode`],
+//!   `text/plain; version=0.0.4`, from the last map snapshot (a scrape reads no map);
+//! - health (`--health-address`): `GET /healthz` (also `/livez`): 200 while the agent's tasks
+//!   run, 503 with the reason once one has failed (the liveness probe restarts the pod);
+//!   `GET /readyz`: 200 once the node role has synced the maps from the initial lists, 503
 //!   before (the readiness probe; a rolling update waits for it).
 
 use std::{
@@ -60,24 +63,27 @@ fn text(status: StatusCode, content_type: &str, body: String) -> Response<Full<B
     res
 }
 
+/// What one listener serves: `/metrics` with `metrics`, `/healthz`, `/livez` and `/readyz`
+/// with `health`; any other path is 404.
+#[derive(Clone, Debug, Default)]
+pub struct Endpoints {
+    pub metrics: Option<Arc<Metrics>>,
+    pub health: Option<Arc<Health>>,
+}
+
 /// The response to one request (no I/O: easy to test).
-pub fn respond(
-    method: &Method,
-    path: &str,
-    metrics: &Metrics,
-    health: &Health,
-) -> Response<Full<Bytes>> {
+pub fn respond(method: &Method, path: &str, endpoints: &Endpoints) -> Response<Full<Bytes>> {
     const PLAIN: &str = "text/plain; charset=utf-8";
     if method != Method::GET && method != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, PLAIN, "GET only\n".into());
     }
-    match path {
-        "/metrics" => text(
+    match (path, &endpoints.metrics, &endpoints.health) {
+        ("/metrics", Some(metrics), _) => text(
             StatusCode::OK,
             prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
             metrics.encode(),
         ),
-        "/healthz" | "/livez" => match health.failure() {
+        ("/healthz" | "/livez", _, Some(health)) => match health.failure() {
             None => text(StatusCode::OK, PLAIN, "ok\n".into()),
             Some(reason) => text(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -85,7 +91,7 @@ pub fn respond(
                 format!("{reason}\n"),
             ),
         },
-        "/readyz" => match (health.failure(), health.is_ready()) {
+        ("/readyz", _, Some(health)) => match (health.failure(), health.is_ready()) {
             (Some(reason), _) => text(
                 StatusCode::SERVICE_UNAVAILABLE,
                 PLAIN,
@@ -109,8 +115,8 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)
     Ok((listener, local))
 }
 
-/// Serves the endpoints on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, health: Arc<Health>) {
+/// Serves `endpoints` on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, endpoints: Endpoints) {
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -120,10 +126,10 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, health: Arc<Hea
                 continue;
             }
         };
-        let (metrics, health) = (metrics.clone(), health.clone());
+        let endpoints = endpoints.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req: Request<Incoming>| {
-                let res = respond(req.method(), req.uri().path(), &metrics, &health);
+                let res = respond(req.method(), req.uri().path(), &endpoints);
                 async move { Ok::<_, Infallible>(res) }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
@@ -152,8 +158,12 @@ mod tests {
 
     #[tokio::test]
     async fn probes_follow_the_health_state() {
-        let (m, h) = (Metrics::new(None), Health::default());
-        let get = |p: &str| respond(&Method::GET, p, &m, &h);
+        let (m, h) = (Arc::new(Metrics::new(None)), Arc::new(Health::default()));
+        let both = Endpoints {
+            metrics: Some(m),
+            health: Some(h.clone()),
+        };
+        let get = |p: &str| respond(&Method::GET, p, &both);
         assert_eq!(body(get("/healthz")).await.0, StatusCode::OK);
         assert_eq!(
             body(get("/readyz")).await.0,
@@ -174,8 +184,69 @@ mod tests {
         );
         assert_eq!(body(get("/nope")).await.0, StatusCode::NOT_FOUND);
         assert_eq!(
-            body(respond(&Method::POST, "/metrics", &m, &h)).await.0,
+            body(respond(&Method::POST, "/metrics", &both)).await.0,
             StatusCode::METHOD_NOT_ALLOWED
         );
+    }
+
+    /// `GET path` over TCP: (status code, body).
+    async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .expect("write");
+        let mut text = String::new();
+        s.read_to_string(&mut text).await.expect("read");
+        let code = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned());
+        (code, body.unwrap_or_default())
+    }
+
+    #[tokio::test]
+    async fn health_and_metrics_answer_on_their_own_listeners() {
+        let (m, h) = (Arc::new(Metrics::new(None)), Arc::new(Health::default()));
+        let localhost = SocketAddr::from(([127, 0, 0, 1], 0));
+        let (metrics_listener, metrics_addr) = bind(localhost).await.expect("bind");
+        let (health_listener, health_addr) = bind(localhost).await.expect("bind");
+        let metrics_only = Endpoints {
+            metrics: Some(m),
+            health: None,
+        };
+        let health_only = Endpoints {
+            metrics: None,
+            health: Some(h.clone()),
+        };
+        let tasks = [
+            tokio::spawn(serve(metrics_listener, metrics_only)),
+            tokio::spawn(serve(health_listener, health_only)),
+        ];
+        h.set_ready();
+        assert_eq!(
+            http_get(health_addr, "/healthz").await,
+            (200, "ok\n".into())
+        );
+        assert_eq!(http_get(health_addr, "/readyz").await.0, 200);
+        assert_eq!(http_get(health_addr, "/metrics").await.0, 404);
+        let (code, text) = http_get(metrics_addr, "/metrics").await;
+        assert_eq!(code, 200);
+        assert!(text.contains("# TYPE mcs_leader gauge"), "{text}");
+        for path in ["/healthz", "/livez", "/readyz"] {
+            assert_eq!(http_get(metrics_addr, path).await.0, 404, "{path}");
+        }
+        h.set_failed("the controller task ended");
+        assert_eq!(
+            http_get(health_addr, "/healthz").await,
+            (503, "the controller task ended\n".into())
+        );
+        for t in tasks {
+            t.abort();
+        }
     }
 }

@@ -4,6 +4,9 @@
 //!   `Conflict=False/NoConflicts`;
 //! - invalid export: `Valid=False/<reason>` (see [`super::exports`]), `Ready=False/Pending`, no
 //!   `Conflict`;
+//! - valid export some of whose endpoints the address policy refuses ([`crate::policy`]):
+//!   also `EndpointsRefused=True/<reasons>` (a condition type of this project; absent while
+//!   none is refused);
 //! - import: `Ready=True/Ready`, `Ready=False/IPFamilyNotSupported` when the importing cluster
 //!   supports none of its families, or `Ready=False/NoClusterSetIPAvailable` when the ClusterSet
 //!   CIDR of a family is full.
@@ -33,6 +36,21 @@ pub enum ConditionType {
     Ready,
     /// Whether the valid exports of the service disagree on something.
     Conflict,
+    /// Some endpoints of the export's cluster are not imported: the address policy refuses
+    /// them (this project's condition type, set only while it holds).
+    EndpointsRefused,
+}
+
+impl ConditionType {
+    /// The `type` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConditionType::Valid => "Valid",
+            ConditionType::Ready => "Ready",
+            ConditionType::Conflict => "Conflict",
+            ConditionType::EndpointsRefused => "EndpointsRefused",
+        }
+    }
 }
 
 /// A condition's `status`.
@@ -102,11 +120,7 @@ impl MergeCondition {
             ConditionStatus::True => "True",
             ConditionStatus::False => "False",
         };
-        let type_ = match self.type_ {
-            ConditionType::Valid => "Valid",
-            ConditionType::Ready => "Ready",
-            ConditionType::Conflict => "Conflict",
-        };
+        let type_ = self.type_.as_str();
         Condition {
             last_transition_time,
             message: self.message.to_string(),
@@ -293,6 +307,40 @@ pub fn invalid_export(reason: &str, message: &str) -> Vec<MergeCondition> {
         MergeCondition::new(Valid, False, reason.to_owned(), message.to_owned()),
         MergeCondition::new(Ready, False, "Pending", "The ServiceExport is not valid."),
     ]
+}
+
+/// How many refused endpoints an `EndpointsRefused` message lists by address.
+pub const REFUSED_LISTED: usize = 20;
+
+/// `EndpointsRefused=True` for the refused endpoints of one export's cluster (not empty,
+/// sorted): the reasons joined with commas in [`Refusal`](crate::policy::Refusal) order, and
+/// the first [`REFUSED_LISTED`] endpoints with their slice and reason.
+pub fn endpoints_refused(refused: &[&crate::policy::RefusedEndpoint]) -> MergeCondition {
+    let mut reasons: Vec<crate::policy::Refusal> = refused.iter().map(|r| r.why).collect();
+    reasons.sort();
+    reasons.dedup();
+    let reason: Vec<&str> = reasons.iter().map(|r| r.reason()).collect();
+    let listed: Vec<String> = refused
+        .iter()
+        .take(REFUSED_LISTED)
+        .map(|r| r.to_string())
+        .collect();
+    let more = refused.len().saturating_sub(REFUSED_LISTED);
+    let mut message = format!(
+        "{} endpoint(s) are not imported by the address policy: {}",
+        refused.len(),
+        listed.join("; ")
+    );
+    if more > 0 {
+        message.push_str(&format!("; and {more} more"));
+    }
+    message.push('.');
+    MergeCondition::new(
+        ConditionType::EndpointsRefused,
+        ConditionStatus::True,
+        reason.join(","),
+        message,
+    )
 }
 
 /// `Ready=True/Ready` of an import.

@@ -12,8 +12,11 @@
 //! still gets slices, for DNS.
 //!
 //! Endpoints keep their addresses (those of the slice's family only), `ready`/`serving`/
-//! `terminating`, `hostname` and `zone`; they are sorted and deduplicated. A cluster's single
-//! local slice of a family, the common case, is imported without copying its endpoints.
+//! `terminating`, `hostname` and `zone`; they are sorted and deduplicated. An endpoint whose
+//! address the [`AddressPolicy`] refuses (loopback, link-local, ...: see [`crate::policy`]) is
+//! left out, and reported as a [`RefusedEndpoint`]; the rest of its slice is imported. A
+//! cluster's single local slice of a family, the common case, is imported without copying its
+//! endpoints when none is refused.
 //!
 //! Names: `<service>-<cluster>-<family>` (`ipv4`/`ipv6`), then `-2`, `-3`… when split. A name
 //! already used in the namespace (two services whose names run into each other's cluster ids)
@@ -26,11 +29,12 @@ use super::ServiceRouting;
 use super::exports::Export;
 use super::ips::fnv1a;
 use crate::model::{
-    IpFamily,
+    ClusterId, IpFamily,
     member::LocalSlice,
     name::Name,
     records::{Endpoint, EndpointExtra, Endpoints, ImportedSlice, PortProtocol, SlicePort},
 };
+use crate::policy::{AddressPolicy, RefusedEndpoint};
 
 /// Most endpoints in one imported slice (the EndpointSlice controller's default).
 pub const MAX_ENDPOINTS: usize = 100;
@@ -72,11 +76,13 @@ pub(crate) type Claim<'a, E> =
     dyn FnMut(&Name, String, &dyn Fn() -> String) -> Result<String, E> + 'a;
 
 /// Builds the imported slices of one service (`routing.service`), appended to `out`, their
-/// names from `claim`.
+/// names from `claim`; the endpoints `policy` refuses are left out and appended to `refused`.
 pub(crate) fn build<E>(
     contributing: &[&Export<'_>],
     routing: &ServiceRouting,
+    policy: &AddressPolicy,
     out: &mut Vec<ImportedSlice>,
+    refused: &mut Vec<RefusedEndpoint>,
     claim: &mut Claim<'_, E>,
 ) -> Result<(), E> {
     let service = &routing.service;
@@ -94,7 +100,7 @@ pub(crate) fn build<E>(
             }
             // The local slices grouped by the ports they give their endpoints: nearly always
             // one group, so a list, sorted by ports before use.
-            let mut groups: Vec<(Vec<SlicePort>, Vec<&LocalSlice>)> = Vec::new();
+            let mut groups: Vec<(Vec<SlicePort>, Vec<Arc<Endpoints>>)> = Vec::new();
             for local in e
                 .local_slices
                 .iter()
@@ -121,9 +127,10 @@ pub(crate) fn build<E>(
                 if ports.is_empty() && !e.ports.is_empty() {
                     continue;
                 }
+                let endpoints = allowed(local, e.cluster, policy, refused);
                 match groups.iter_mut().find(|(p, _)| *p == ports) {
-                    Some((_, group)) => group.push(local),
-                    None => groups.push((ports, vec![local])),
+                    Some((_, group)) => group.push(endpoints),
+                    None => groups.push((ports, vec![endpoints])),
                 }
             }
             let suffix = match family {
@@ -163,23 +170,54 @@ pub(crate) fn build<E>(
     Ok(())
 }
 
+/// The endpoints of `local` that `policy` allows for `cluster`, the others appended to
+/// `refused`: the slice's own list when none is refused.
+fn allowed(
+    local: &LocalSlice,
+    cluster: &ClusterId,
+    policy: &AddressPolicy,
+    refused: &mut Vec<RefusedEndpoint>,
+) -> Arc<Endpoints> {
+    let before = refused.len();
+    for ep in local.endpoints.list() {
+        if let Err(why) = policy.check_backend(cluster, ep.addr) {
+            refused.push(RefusedEndpoint {
+                cluster: cluster.clone(),
+                slice: local.id.clone(),
+                addr: ep.addr,
+                why,
+            });
+        }
+    }
+    if refused.len() == before {
+        return Arc::clone(&local.endpoints);
+    }
+    Arc::new(Endpoints::new(
+        local
+            .endpoints
+            .iter()
+            .filter(|e| policy.check_backend(cluster, e.endpoint.addr).is_ok())
+            .map(|e| (e.endpoint, e.extra.cloned())),
+    ))
+}
+
 /// The endpoints of a group of local slices, sorted and deduplicated, in chunks of at most
 /// [`MAX_ENDPOINTS`]. A group of one slice of at most that many endpoints (the common case)
 /// hands its endpoints on as they are: they are sorted and deduplicated already.
-fn chunks(locals: &[&LocalSlice]) -> Vec<Arc<Endpoints>> {
+fn chunks(locals: &[Arc<Endpoints>]) -> Vec<Arc<Endpoints>> {
     if let [one] = locals
-        && one.endpoints.len() <= MAX_ENDPOINTS
+        && one.len() <= MAX_ENDPOINTS
     {
-        return if one.endpoints.is_empty() {
+        return if one.is_empty() {
             Vec::new()
         } else {
-            vec![Arc::clone(&one.endpoints)]
+            vec![Arc::clone(one)]
         };
     }
     let all = Endpoints::sorted(
         locals
             .iter()
-            .flat_map(|l| l.endpoints.iter().map(|e| (e.endpoint, e.extra.cloned()))),
+            .flat_map(|l| l.iter().map(|e| (e.endpoint, e.extra.cloned()))),
     );
     let all: Vec<(Endpoint, Option<EndpointExtra>)> =
         all.iter().map(|e| (e.endpoint, e.extra.cloned())).collect();

@@ -37,6 +37,7 @@ use crate::model::{
     name::Name,
     records::{ImportRecord, ImportedSlice},
 };
+use crate::policy::{AddressPolicy, RefusedEndpoint};
 
 /// A change to one member cluster's objects, as its watches report it.
 #[derive(Clone, Debug)]
@@ -75,6 +76,9 @@ pub struct ServiceOutput {
     pub slices: Vec<ImportedSlice>,
     /// The conditions of the service's exports, by cluster.
     pub statuses: Vec<ExportStatus>,
+    /// The endpoints of members' local slices the address policy kept out of `slices`,
+    /// sorted.
+    pub refused: Vec<RefusedEndpoint>,
 }
 
 /// One member's objects of one service.
@@ -171,6 +175,8 @@ pub struct MergeState {
     /// How long members may be unreachable before their endpoints are withdrawn, for the
     /// import's `Ready` message.
     grace: Duration,
+    /// Which endpoints may be imported.
+    policy: AddressPolicy,
     services: HashMap<NamespacedName, Members>,
     /// Where each member's local slice is filed (`None`: it has no service label).
     slice_homes: HashMap<(ClusterId, NamespacedName), Option<NamespacedName>>,
@@ -189,6 +195,7 @@ impl MergeState {
     pub fn new(config: ClusterSetConfig, importing: ClusterId) -> Self {
         MergeState {
             local_families: config.supported_families(&importing),
+            policy: AddressPolicy::for_cidrs(&config.cidrs),
             config,
             importing,
             grace: Duration::ZERO,
@@ -206,6 +213,25 @@ impl MergeState {
     /// Sets the grace period the `Ready` message of imports with withdrawn members names.
     pub fn set_grace(&mut self, grace: Duration) {
         self.grace = grace;
+    }
+
+    /// Sets which endpoints may be imported (by default [`AddressPolicy::for_cidrs`] of the
+    /// config's CIDRs); the services already merged are merged again.
+    pub fn set_policy(&mut self, policy: AddressPolicy) {
+        if policy != self.policy {
+            self.policy = policy;
+            let existing = self.current_ips();
+            self.merge_everything(&existing);
+        }
+    }
+
+    /// The IPs every current import holds.
+    fn current_ips(&self) -> HashMap<NamespacedName, Vec<IpAddr>> {
+        self.outputs
+            .values()
+            .filter_map(|o| o.import.as_ref())
+            .map(|i| (i.service.clone(), i.ips.clone()))
+            .collect()
     }
 
     /// Replaces every member's objects with `snapshots` and merges everything, keeping the
@@ -585,7 +611,8 @@ impl MergeState {
     }
 
     /// What is wrong in the inputs: duplicates the last load found, local slices without a
-    /// service label, and the problems of the filed slices; sorted.
+    /// service label, the problems of the filed slices and the endpoints the address policy
+    /// kept out; sorted.
     pub fn diagnostics(&self) -> Vec<Diagnostic> {
         let mut out = self.load_diagnostics.clone();
         for ((cluster, id), home) in &self.slice_homes {
@@ -596,6 +623,13 @@ impl MergeState {
                     message: format!("no {LABEL_K8S_SERVICE_NAME} label; ignored"),
                 });
             }
+        }
+        for o in self.outputs.values() {
+            out.extend(o.refused.iter().map(|r| Diagnostic {
+                cluster: Some(r.cluster.clone()),
+                object: format!("EndpointSlice {}", r.slice),
+                message: format!("endpoint {} is {}; not imported", r.addr, r.why),
+            }));
         }
         for members in self.services.values() {
             for (cluster, m) in members {

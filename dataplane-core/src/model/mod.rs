@@ -182,7 +182,7 @@ pub struct ClusterStatus {
 /// `ServiceExport.status`: what the controller found of the export.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ServiceExportStatus {
-    /// `Valid`, `Ready` and `Conflict`, set by the controller, and any condition others set.
+    /// `Valid`, `Ready`, `Conflict` and `EndpointsRefused`, set by the controller, and any condition others set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

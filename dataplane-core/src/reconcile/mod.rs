@@ -13,7 +13,8 @@
 //!   manager applied earlier (from `managedFields`) are all still desired; `spec` is equal;
 //!   `status` (clusters, conditions) is equal;
 //! - imported EndpointSlice: labels as above; `addressType`, `endpoints`, `ports` equal;
-//! - ServiceExport: its `Valid`, `Ready` and `Conflict` conditions equal the desired ones
+//! - ServiceExport: its `Valid`, `Ready`, `Conflict` and `EndpointsRefused` conditions equal
+//!   the desired ones
 //!   (conditions of other types belong to others and are left alone).
 //!
 //! A condition keeps its `lastTransitionTime` while its status stays the same. Only imports
@@ -60,7 +61,7 @@ pub enum Action {
     ApplyExportStatus {
         /// The ServiceExport's namespace/name.
         service: NamespacedName,
-        /// Its `Valid`, `Ready` and `Conflict` conditions, transition times included.
+        /// Its conditions of the types in [`EXPORT_CONDITION_TYPES`], transition times included.
         conditions: Vec<Condition>,
     },
     /// Delete a ServiceImport of ours that the merge no longer has.
@@ -149,7 +150,8 @@ impl Action {
 }
 
 /// The condition types the controller owns on ServiceExports.
-pub const EXPORT_CONDITION_TYPES: [&str; 3] = ["Valid", "Ready", "Conflict"];
+/// `EndpointsRefused` is set only while it holds: leaving it out of an apply removes it.
+pub const EXPORT_CONDITION_TYPES: [&str; 4] = ["Valid", "Ready", "Conflict", "EndpointsRefused"];
 /// Event reason when a conflict appears on a ServiceExport.
 pub const EVENT_CONFLICT: &str = "ConflictDetected";
 /// Event reason when a conflict clears.

@@ -142,7 +142,7 @@ pub struct ObservedExport {
     pub id: NamespacedName,
     /// `metadata.uid`, for Events about it.
     pub uid: Option<String>,
-    /// Its `Valid`, `Ready` and `Conflict` conditions.
+    /// Its conditions of the types the controller owns ([`EXPORT_CONDITION_TYPES`]).
     pub conditions: Vec<Condition>,
     /// Whether it is being deleted (its status is left alone then).
     pub deleting: bool,

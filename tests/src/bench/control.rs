@@ -480,6 +480,7 @@ fn event_to_map(
         ),
     )?;
     let metrics = format!("127.0.0.1:{}", free_port()?);
+    let health = format!("127.0.0.1:{}", free_port()?);
     let caps = capacity_args(&topo, plan);
     let mut args = vec![
         "run",
@@ -491,6 +492,8 @@ fn event_to_map(
         "bench",
         "--metrics-address",
         &metrics,
+        "--health-address",
+        &health,
     ];
     args.extend(caps.iter().map(String::as_str));
     let started = Instant::now();

@@ -180,7 +180,7 @@ fn demo() -> anyhow::Result<()> {
     }
     println!();
 
-    // Conflicts and invalid exports, per service, as the merge reported them.
+    // Conflicts, invalid exports and refused endpoints, per service, as the merge reported them.
     let mut notes: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for e in &plan.merged.merge.export_statuses {
         let service = format!("{}/{}", e.service.namespace, e.service.name);
@@ -188,13 +188,16 @@ fn demo() -> anyhow::Result<()> {
             let bad = match c.type_ {
                 ConditionType::Conflict => c.status == ConditionStatus::True,
                 ConditionType::Valid => c.status == ConditionStatus::False,
+                ConditionType::EndpointsRefused => c.status == ConditionStatus::True,
                 ConditionType::Ready => false,
             };
             if bad {
-                let note = if c.type_ == ConditionType::Valid {
-                    format!("{}:Valid=False/{}", e.cluster, c.reason)
-                } else {
-                    c.reason.to_string()
+                let note = match c.type_ {
+                    ConditionType::Valid => format!("{}:Valid=False/{}", e.cluster, c.reason),
+                    ConditionType::EndpointsRefused => {
+                        format!("{}:EndpointsRefused/{}", e.cluster, c.reason)
+                    }
+                    _ => c.reason.to_string(),
                 };
                 notes.entry(service.clone()).or_default().insert(note);
             }

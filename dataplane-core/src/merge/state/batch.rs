@@ -17,6 +17,7 @@ impl MergeState {
             importing: _,
             local_families,
             grace,
+            policy,
             services,
             withdrawn,
             ip_owners,
@@ -139,15 +140,21 @@ impl MergeState {
             }
             let routing = d.routing();
             let mut slices = Vec::new();
+            let mut refused = Vec::new();
             if d.families.supported {
                 let batch = strict.then_some(batch);
                 slices::build(
                     &d.contributing,
                     &routing,
+                    policy,
                     &mut slices,
+                    &mut refused,
                     &mut |ns, c, salt| names.claim(ns, c, salt, service, batch),
                 )?;
             }
+            refused.sort();
+            let mut statuses = statuses;
+            refused_conditions(&mut statuses, &refused);
             let mut import = d.import(ips_out, ready);
             withdrawn_note(&mut import, withdrawn, *grace);
             out.push((
@@ -157,10 +164,30 @@ impl MergeState {
                     routing: Some(routing),
                     slices,
                     statuses,
+                    refused,
                 }),
             ));
         }
         Ok(out)
+    }
+}
+
+/// Adds `EndpointsRefused` to the status of each export whose cluster has endpoints in
+/// `refused` (sorted).
+fn refused_conditions(statuses: &mut [ExportStatus], refused: &[RefusedEndpoint]) {
+    if refused.is_empty() {
+        return;
+    }
+    for status in statuses {
+        let of_cluster: Vec<&RefusedEndpoint> = refused
+            .iter()
+            .filter(|r| r.cluster == status.cluster)
+            .collect();
+        if !of_cluster.is_empty() {
+            status
+                .conditions
+                .push(conditions::endpoints_refused(&of_cluster));
+        }
     }
 }
 

@@ -54,6 +54,16 @@ fn an_update_meets_contention_where_the_order_decides() {
 
 /// A member exporting `service` with one ready IPv4 endpoint on port http.
 fn exporting(cluster: &str, service: &str, names: &Interner) -> Vec<MemberChange> {
+    exporting_at(cluster, service, &["10.0.0.1"], names)
+}
+
+/// A member exporting `service` with one ready IPv4 endpoint per address on port http.
+fn exporting_at(
+    cluster: &str,
+    service: &str,
+    addresses: &[&str],
+    names: &Interner,
+) -> Vec<MemberChange> {
     fn yaml<T: serde::de::DeserializeOwned>(s: &str) -> T {
         serde_yaml::from_str(s).expect("yaml")
     }
@@ -63,9 +73,14 @@ fn exporting(cluster: &str, service: &str, names: &Interner) -> Vec<MemberChange
     ));
     let export: crate::model::ServiceExport =
         yaml(&format!("metadata: {{name: {service}, namespace: ns}}"));
+    let endpoints: Vec<String> = addresses
+        .iter()
+        .map(|a| format!("{{addresses: [\"{a}\"]}}"))
+        .collect();
+    let endpoints = endpoints.join(", ");
     let slice: crate::model::EndpointSlice = yaml(&format!(
         "metadata: {{name: {service}-{cluster}, namespace: ns, labels: {{kubernetes.io/service-name: {service}}}}}\n\
-         addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [10.0.0.1]}}]"
+         addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{endpoints}]"
     ));
     vec![
         MemberChange::Service(c.clone(), Arc::new(ServiceRecord::from_k8s(&svc, names))),
@@ -173,4 +188,111 @@ fn a_full_cidr_serves_in_order_and_a_freed_ip_goes_to_the_waiting_service() {
     );
     state.update(&dirty);
     assert_eq!(with_ips(&state.output()), ["b", "c"]);
+}
+
+/// (source cluster, addresses) of every imported slice.
+fn imported(out: &MergeOutput) -> Vec<(String, Vec<String>)> {
+    out.endpoint_slices
+        .iter()
+        .map(|s| {
+            let addrs = s.endpoints.list().iter().map(|e| e.addr.to_string());
+            (s.cluster.to_string(), addrs.collect())
+        })
+        .collect()
+}
+
+/// The `EndpointsRefused` condition of `cluster`'s export of `ns/web`, as (reason, message).
+fn refused_condition(out: &MergeOutput, cluster: &str) -> Option<(String, String)> {
+    out.export_statuses
+        .iter()
+        .filter(|s| s.cluster.as_str() == cluster)
+        .flat_map(|s| &s.conditions)
+        .find(|c| c.type_ == conditions::ConditionType::EndpointsRefused)
+        .map(|c| {
+            assert_eq!(c.status, conditions::ConditionStatus::True);
+            (c.reason.to_string(), c.message.to_string())
+        })
+}
+
+/// Loopback and metadata endpoints next to a good one: only the good one is imported, the
+/// export of their cluster says which were refused and why (the other cluster's does not),
+/// the diagnostics name their slice; once they are gone, so is the condition.
+#[test]
+fn refused_endpoints_are_left_out_and_reported_on_their_export() {
+    let names = Interner::new();
+    let a = ClusterId::new("a").expect("id");
+    let mut state = MergeState::new(ClusterSetConfig::default(), a);
+    let bad = ["10.0.0.1", "127.0.0.1", "169.254.169.254"];
+    let changes: Vec<MemberChange> = exporting_at("a", "web", &bad, &names)
+        .into_iter()
+        .chain(exporting("b", "web", &names))
+        .collect();
+    apply_all(&mut state, changes.clone());
+    let out = state.output();
+    assert_eq!(out, full_of(&state, changes), "an update is a full merge");
+    let good = vec![
+        ("a".to_owned(), vec!["10.0.0.1".to_owned()]),
+        ("b".to_owned(), vec!["10.0.0.1".to_owned()]),
+    ];
+    assert_eq!(imported(&out), good);
+    let (reason, message) = refused_condition(&out, "a").expect("EndpointsRefused on a");
+    assert_eq!(reason, "LoopbackAddress,LinkLocalAddress");
+    for part in [
+        "2 endpoint(s)",
+        "endpoint 127.0.0.1 of EndpointSlice ns/web-a is a loopback address",
+        "endpoint 169.254.169.254 of EndpointSlice ns/web-a is a link-local address",
+    ] {
+        assert!(message.contains(part), "{part:?} not in {message:?}");
+    }
+    assert_eq!(refused_condition(&out, "b"), None);
+    let refused: Vec<String> = out.diagnostics.iter().map(|d| d.to_string()).collect();
+    assert_eq!(
+        refused,
+        [
+            "cluster a: EndpointSlice ns/web-a: endpoint 127.0.0.1 is a loopback address; not imported",
+            "cluster a: EndpointSlice ns/web-a: endpoint 169.254.169.254 is a link-local address; not imported",
+        ]
+    );
+    let web = NamespacedName::new("ns", "web");
+    assert_eq!(state.service(&web).map(|o| o.refused.len()), Some(2));
+
+    apply_all(&mut state, exporting("a", "web", &names));
+    let out = state.output();
+    assert_eq!(imported(&out), good);
+    assert_eq!(refused_condition(&out, "a"), None);
+    assert!(out.diagnostics.is_empty(), "{:?}", out.diagnostics);
+}
+
+/// A member's allow list refuses its endpoints outside it, and only that member's.
+#[test]
+fn the_policy_given_is_the_one_applied() {
+    let names = Interner::new();
+    let mut state = MergeState::new(
+        ClusterSetConfig::default(),
+        ClusterId::new("a").expect("id"),
+    );
+    let mut policy = crate::policy::AddressPolicy::default();
+    policy.allowed_by_cluster.insert(
+        ClusterId::new("b").expect("id"),
+        vec!["10.2.0.0/16".parse().expect("cidr")],
+    );
+    state.set_policy(policy);
+    apply_all(&mut state, exporting_at("a", "web", &["10.0.0.1"], &names));
+    apply_all(
+        &mut state,
+        exporting_at("b", "web", &["10.0.0.1", "10.2.0.1"], &names),
+    );
+    let out = state.output();
+    assert_eq!(
+        imported(&out),
+        [
+            ("a".to_owned(), vec!["10.0.0.1".to_owned()]),
+            ("b".to_owned(), vec!["10.2.0.1".to_owned()]),
+        ]
+    );
+    assert_eq!(
+        refused_condition(&out, "b").map(|c| c.0).as_deref(),
+        Some("NotAllowedForCluster")
+    );
+    assert_eq!(refused_condition(&out, "a"), None);
 }
