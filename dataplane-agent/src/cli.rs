@@ -70,6 +70,10 @@ pub struct DataplaneArgs {
     /// Capacity of each reverse-translation LRU (one entry per translated socket and backend).
     #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_REVNAT)]
     pub max_revnat: u32,
+    /// Capacity of the connected-socket reverse map (translated TCP and connected UDP sockets
+    /// open at once; sockets past it keep their entry in socket storage, which is slower).
+    #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_CONNECTED)]
+    pub max_connected: u32,
     /// Most verbose eBPF log level forwarded to the agent's log: 0 off, 1 error, 2 warn, 3 info, 4 debug, 5 trace.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(0..=5))]
     pub bpf_log_level: u8,
@@ -91,6 +95,7 @@ impl DataplaneArgs {
             max_clusters: self.max_clusters,
             max_affinity: self.max_affinity,
             max_revnat: self.max_revnat,
+            max_connected: self.max_connected,
             bpf_log_level: self.bpf_log_level,
         })
     }

@@ -15,7 +15,8 @@
 //! | `MCS_COUNTERS` | per-CPU array | frontend id → [`Counters`] | programs |
 //! | `MCS_AFFINITY` | LRU hash | [`AffinityKey`] → [`AffinityValue`] | programs |
 //! | `MCS_AFF_MATCH` | hash | [`AffinityMatchKey`] → 1 | agent |
-//! | `MCS_SK_REVNAT` | socket storage | socket → [`SockRevNat`] | programs (connect) |
+//! | `MCS_CONN_REVNAT` | hash (preallocated) | socket cookie → [`SockRevNat`] | programs (connect; `sock_release` deletes) |
+//! | `MCS_SK_REVNAT` | socket storage | socket → [`SockRevNat`] | programs (connect, when `MCS_CONN_REVNAT` is full) |
 //! | `MCS_REVNAT4/6` | LRU hash | [`RevNatKey4`] / [`RevNatKey6`] → VIP | programs (sendmsg) |
 //! | `MCS_FE_NAMES` | hash | frontend id → [`FrontendName`] | agent (for `inspect`) |
 //! | `MCS_CLUSTERS` | hash | cluster id → [`ClusterName`] | agent (for `inspect`) |
@@ -24,6 +25,17 @@
 //! entry), picks an index in `0..count` (a random draw for TCP, the socket cookie's hash for
 //! UDP) and reads one slot: `MCS_SLOTS[base + index]`, which holds the backend's address and
 //! port. Two lookups, one of them an array read.
+//!
+//! A translated connect (TCP, or UDP `connect`) then records the socket's reverse entry under
+//! its cookie in `MCS_CONN_REVNAT`, which `getpeername` and a connected socket's `recvmsg` read
+//! back; the `sock_release` program deletes it when the socket is closed. Cookies are never
+//! reused while the system runs, so an entry is never read by another socket. When the map is
+//! full, the entry goes into the socket's own storage instead (`MCS_SK_REVNAT`, exact too, but
+//! an allocation and memcg charge per socket, which is why it is not the first choice). No
+//! entry is evicted either way: a translated socket reports its VIP for as long as it lives.
+//! The map is preallocated: a deleted element is reused at once, which is safe here because
+//! only the socket's own calls look its cookie up, and its entry is deleted only when the
+//! socket is released, after the last of them.
 //!
 //! # Datapath invariants (kept by the agent's map sync, relied on by the programs)
 //!
@@ -49,7 +61,9 @@
 /// - 1: slots keyed by (frontend, bank, index) pointing at a backend id in `MCS_BACKENDS`.
 /// - 2: slots in one array holding the backend itself, per-frontend ranges; per-CPU array
 ///   counters; full (untruncated) names; socket-local reverse entries for connected sockets.
-pub const PIN_VERSION: u32 = 2;
+/// - 3: connected sockets' reverse entries in a hash by socket cookie (`MCS_CONN_REVNAT`),
+///   deleted by the `sock_release` program; socket storage only when that map is full.
+pub const PIN_VERSION: u32 = 3;
 
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
@@ -76,8 +90,9 @@ pub mod map_names {
     pub const FRONTEND_NAMES: &str = "MCS_FE_NAMES";
     pub const CLUSTER_NAMES: &str = "MCS_CLUSTERS";
     pub const SOCK_REVNAT: &str = "MCS_SK_REVNAT";
+    pub const CONN_REVNAT: &str = "MCS_CONN_REVNAT";
     /// Every map the agent owns, in the order `inspect` and `uninstall` walk them.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 12] = [
         FRONTENDS4,
         FRONTENDS6,
         SLOTS,
@@ -89,6 +104,7 @@ pub mod map_names {
         FRONTEND_NAMES,
         CLUSTER_NAMES,
         SOCK_REVNAT,
+        CONN_REVNAT,
     ];
 }
 
@@ -112,6 +128,9 @@ pub mod defaults {
     pub const MAX_SLOTS: u32 = 262144;
     pub const MAX_AFFINITY: u32 = 65536;
     pub const MAX_REVNAT: u32 = 131072;
+    /// Connected translated sockets open at once with their entry in `MCS_CONN_REVNAT`; the
+    /// ones past it keep theirs in socket storage (slower to create, never refused).
+    pub const MAX_CONNECTED: u32 = 65536;
     /// Member clusters the cluster-name map can name at once (ids `1..=MAX_CLUSTERS`, kept in
     /// a `u16` in every slot).
     pub const MAX_CLUSTERS: u32 = 1024;
@@ -240,10 +259,10 @@ pub struct RevNatValue6 {
     pub _pad: u16,
 }
 
-/// The reverse translation of a connected socket (TCP, or UDP after `connect`), kept in the
-/// socket's own storage (`MCS_SK_REVNAT`, socket-local storage: it goes with the socket). A
-/// connected socket has one peer, so one entry answers `getpeername` and the socket's
-/// `recvmsg`. Addresses as in [`Slot`]: IPv4 in word 0.
+/// The reverse translation of a connected socket (TCP, or UDP after `connect`), kept under the
+/// socket's cookie in `MCS_CONN_REVNAT` (or, when that map is full, in the socket's own storage,
+/// `MCS_SK_REVNAT`). A connected socket has one peer, so one entry answers `getpeername` and
+/// the socket's `recvmsg`. Addresses as in [`Slot`]: IPv4 in word 0.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SockRevNat {

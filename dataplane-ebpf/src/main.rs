@@ -19,14 +19,14 @@
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::bpf_sock_addr,
+    bindings::{bpf_sock, bpf_sock_addr},
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, SkStorage},
     helpers::generated::{
         bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns,
         bpf_set_retval,
     },
-    macros::{btf_map, cgroup_sock_addr},
-    programs::SockAddrContext,
+    macros::{btf_map, cgroup_sock, cgroup_sock_addr},
+    programs::{SockAddrContext, SockContext},
 };
 use aya_log_ebpf::debug;
 use dataplane_ebpf::{
@@ -45,6 +45,7 @@ const MAX_SLOTS: usize = defaults::MAX_SLOTS as usize;
 const MAX_CLUSTERS: usize = defaults::MAX_CLUSTERS as usize;
 const MAX_AFFINITY: usize = defaults::MAX_AFFINITY as usize;
 const MAX_REVNAT: usize = defaults::MAX_REVNAT as usize;
+const MAX_CONNECTED: usize = defaults::MAX_CONNECTED as usize;
 
 // BTF-defined maps: `bpftool map dump` shows every key and value field by name. The loader pins
 // each one by name (`EbpfLoader::map_pin_path`), and sizes them from the agent's flags.
@@ -59,7 +60,12 @@ static SLOTS: Array<Slot, MAX_SLOTS> = Array::new();
 static AFFINITY: LruHashMap<AffinityKey, AffinityValue, MAX_AFFINITY> = LruHashMap::new();
 #[btf_map(name = "MCS_AFF_MATCH")]
 static AFFINITY_MATCH: HashMap<AffinityMatchKey, u32, MAX_SLOTS, NO_PREALLOC> = HashMap::new();
-/// Reverse translation of connected sockets, in the socket itself (freed with it).
+/// Reverse translation of connected sockets, by socket cookie; removed when the socket is
+/// released.
+#[btf_map(name = "MCS_CONN_REVNAT")]
+static CONN_REVNAT: HashMap<u64, SockRevNat, MAX_CONNECTED> = HashMap::new();
+/// The same for connected sockets that did not fit in `MCS_CONN_REVNAT`, in the socket itself
+/// (freed with it).
 #[btf_map(name = "MCS_SK_REVNAT")]
 static SOCK_REVNAT: SkStorage<SockRevNat> = SkStorage::new();
 /// Reverse translation of unconnected UDP sockets, per (socket, backend).
@@ -342,8 +348,9 @@ enum Hook {
 }
 
 /// Records, for the reverse path, that this socket's backend `(backend, backend_port)` stands
-/// for `(vip, vip_port)`: in the socket's own storage for a connect, in the per-(socket,
-/// backend) LRU map for a datagram (written only when it changes).
+/// for `(vip, vip_port)`: for a connect, in the per-socket map (or, when it is full, in the
+/// socket's own storage); for a datagram, in the per-(socket, backend) LRU map (written only
+/// when it changes).
 #[inline(always)]
 fn record<F: Family>(
     ctx: &SockAddrContext,
@@ -355,21 +362,26 @@ fn record<F: Family>(
     vip_port: u16,
 ) -> Result<(), i32> {
     if hook == Hook::Connect {
+        let value = SockRevNat {
+            backend: F::to_words(backend),
+            vip: F::to_words(vip),
+            backend_port,
+            vip_port,
+            family: F::FAMILY,
+            _pad: [0; 3],
+        };
+        // A cookie is never reused, so an entry can only be this socket's. The insert
+        // allocates from a per-CPU cache; the socket's storage costs a kmalloc and a memcg
+        // charge on every new socket, so it is the fallback only.
+        if CONN_REVNAT.insert(&cookie, &value, 0).is_ok() {
+            return Ok(());
+        }
         let entry = unsafe { SOCK_REVNAT.get_or_insert_ptr_mut(ctx, None) };
         if entry.is_null() {
             return Err(-ENOMEM);
         }
         // SAFETY: a non-null pointer from bpf_sk_storage_get is this socket's value.
-        unsafe {
-            *entry = SockRevNat {
-                backend: F::to_words(backend),
-                vip: F::to_words(vip),
-                backend_port,
-                vip_port,
-                family: F::FAMILY,
-                _pad: [0; 3],
-            };
-        }
+        unsafe { *entry = value };
         return Ok(());
     }
     if F::rev_lookup(cookie, backend, backend_port) == Some((vip, vip_port)) {
@@ -431,8 +443,8 @@ fn forward<F: Family>(
 }
 
 /// The VIP that a backend peer `(addr, port)` of this socket stands for, if any: the
-/// socket's own entry (connected sockets), else, for `recvmsg` of an unconnected UDP socket,
-/// the per-(socket, backend) map.
+/// socket's connected entry (in the per-socket map or the socket's storage), else, for
+/// `recvmsg` of an unconnected UDP socket, the per-(socket, backend) map.
 #[inline(always)]
 fn reverse<F: Family>(
     ctx: &SockAddrContext,
@@ -440,19 +452,31 @@ fn reverse<F: Family>(
     addr: F::Addr,
     port: u16,
 ) -> Option<(F::Addr, u16)> {
-    let entry = unsafe { SOCK_REVNAT.get_ptr_mut(ctx) };
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    if unconnected_too && !connected(ctx) {
+        return F::rev_lookup(cookie, addr, port);
+    }
+    let entry = match unsafe { CONN_REVNAT.get(&cookie) } {
+        Some(e) => e as *const SockRevNat,
+        None => unsafe { SOCK_REVNAT.get_ptr_mut(ctx) },
+    };
     if !entry.is_null() {
-        // SAFETY: a non-null pointer from bpf_sk_storage_get is this socket's value.
+        // SAFETY: a non-null pointer to this socket's value, from the map or its storage.
         let e = unsafe { &*entry };
         if e.family == F::FAMILY && e.backend_port == port && F::from_words(e.backend) == addr {
             return Some((F::from_words(e.vip), e.vip_port));
         }
     }
-    if !unconnected_too {
-        return None;
-    }
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    F::rev_lookup(cookie, addr, port)
+    None
+}
+
+/// Whether the call's socket is connected (`connect` on UDP sets the TCP_ESTABLISHED state).
+#[inline(always)]
+fn connected(ctx: &SockAddrContext) -> bool {
+    const TCP_ESTABLISHED: u32 = 1;
+    let sa = unsafe { &*ctx.sock_addr };
+    // SAFETY: the kernel's socket of this call, never null in sock_addr programs.
+    unsafe { (*sa.__bindgen_anon_1.sk).state == TCP_ESTABLISHED }
 }
 
 /// Applies a verdict: the program's return value.
@@ -590,6 +614,21 @@ pub fn getpeername4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(getpeername6)]
 pub fn getpeername6(ctx: SockAddrContext) -> i32 {
     reverse6(&ctx, false)
+}
+
+/// Socket release: forgets the socket's connected entry. Sockets that have none (most) cost
+/// one lookup; the bucket lock is taken only for the ones that do.
+#[cgroup_sock(sock_release)]
+pub fn sock_release(ctx: SockContext) -> i32 {
+    let sk: &bpf_sock = unsafe { &*ctx.sock };
+    if sk.protocol as u8 != IPPROTO_TCP && sk.protocol as u8 != IPPROTO_UDP {
+        return ALLOW;
+    }
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    if unsafe { CONN_REVNAT.get(&cookie) }.is_some() {
+        let _ = CONN_REVNAT.remove(&cookie);
+    }
+    ALLOW
 }
 
 // Do-nothing programs of each measured hook (`r0 = 1; exit`), never attached by the agent. The

@@ -760,7 +760,7 @@ fn an_upgrade_detaches_the_links_of_older_layout_versions() {
     assert!(!old_dir.exists(), "the old layout's pins are gone");
     let progs = attached(&topo);
     assert_eq!(progs.get("connect4"), Some(&1), "{progs:?}");
-    assert_eq!(progs.values().sum::<usize>(), 8, "{progs:?}");
+    assert_eq!(progs.values().sum::<usize>(), 9, "{progs:?}");
     let ok = topo
         .probe("tcp", "241.0.0.10:80", &["--count", "5"])
         .unwrap();

@@ -32,8 +32,7 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     programs::{
-        CgroupAttachMode, CgroupSockAddr, ProgramError, links::FdLink, links::PinnedLink,
-        loaded_programs,
+        CgroupAttachMode, Program, ProgramError, links::FdLink, links::PinnedLink, loaded_programs,
     },
 };
 use dataplane_ebpf::map_names;
@@ -54,8 +53,9 @@ pub fn ebpf_object() -> &'static [u8] {
     EBPF_OBJECT
 }
 
-/// The programs, by function (and section) name, in attach order.
-pub const PROGRAMS: [&str; 8] = [
+/// The programs, by function (and section) name, in attach order: the cgroup sock_addr
+/// programs, then the cgroup sock program that forgets a released socket's entry.
+pub const PROGRAMS: [&str; 9] = [
     "connect4",
     "connect6",
     "sendmsg4",
@@ -64,6 +64,7 @@ pub const PROGRAMS: [&str; 8] = [
     "recvmsg6",
     "getpeername4",
     "getpeername6",
+    "sock_release",
 ];
 
 /// The default pin directory, versioned by the map layout.
@@ -85,6 +86,7 @@ pub struct LoaderConfig {
     pub max_clusters: u32,
     pub max_affinity: u32,
     pub max_revnat: u32,
+    pub max_connected: u32,
     /// Most verbose eBPF log level forwarded to `tracing` (aya-log level numbers: 1 error ..
     /// 5 trace; 0 disables).
     pub bpf_log_level: u8,
@@ -101,6 +103,7 @@ impl LoaderConfig {
             max_clusters: MAX_CLUSTERS,
             max_affinity: MAX_AFFINITY,
             max_revnat: MAX_REVNAT,
+            max_connected: MAX_CONNECTED,
             bpf_log_level: 2,
         }
     }
@@ -357,17 +360,57 @@ fn retire_older_versions(pin_dir: &Path) -> usize {
 }
 
 /// One of [`PROGRAMS`] in the loaded object.
-fn sock_addr_program<'a>(
-    ebpf: &'a mut Ebpf,
+fn program<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Program, LoadError> {
+    ebpf.program_mut(name).ok_or(LoadError::Program {
+        name,
+        source: ProgramError::UnexpectedProgramType,
+    })
+}
+
+/// Loads one of [`PROGRAMS`] (a cgroup sock_addr or sock program) into the kernel.
+fn load_program(
+    ebpf: &mut Ebpf,
     name: &'static str,
-) -> Result<&'a mut CgroupSockAddr, LoadError> {
-    ebpf.program_mut(name)
-        .ok_or(LoadError::Program {
-            name,
-            source: ProgramError::UnexpectedProgramType,
-        })?
-        .try_into()
-        .map_err(|source| LoadError::Program { name, source })
+) -> Result<super::sys::ProgIdentity, LoadError> {
+    let err = |source| LoadError::Program { name, source };
+    let prog = program(ebpf, name)?;
+    match prog {
+        Program::CgroupSockAddr(p) => p.load(),
+        Program::CgroupSock(p) => p.load(),
+        _ => Err(ProgramError::UnexpectedProgramType),
+    }
+    .map_err(err)?;
+    // Read through the program's own fd: looking programs up by id needs CAP_SYS_ADMIN.
+    let fd = prog.fd().map_err(err)?;
+    super::sys::prog_identity(&fd.as_fd().as_raw_fd()).map_err(|source| LoadError::Io {
+        what: "cannot read the program info of",
+        path: PathBuf::from(name),
+        source,
+    })
+}
+
+/// Attaches one of [`PROGRAMS`] to `cgroup` and returns its link.
+fn attach_program(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+    cgroup: &fs::File,
+) -> Result<FdLink, LoadError> {
+    let err = |source| LoadError::Program { name, source };
+    let link = |source| LoadError::Link { name, source };
+    // A bpf_link (flags 0) always attaches in multi mode: an old link (previous version) keeps
+    // running until the new one is pinned, and other programs on the cgroup are left alone.
+    // (BPF_F_ALLOW_MULTI itself is rejected for links.)
+    match program(ebpf, name)? {
+        Program::CgroupSockAddr(p) => {
+            let id = p.attach(cgroup, CgroupAttachMode::Single).map_err(err)?;
+            p.take_link(id).map_err(err)?.try_into().map_err(link)
+        }
+        Program::CgroupSock(p) => {
+            let id = p.attach(cgroup, CgroupAttachMode::Single).map_err(err)?;
+            p.take_link(id).map_err(err)?.try_into().map_err(link)
+        }
+        _ => Err(err(ProgramError::UnexpectedProgramType)),
+    }
 }
 
 /// Loads the programs and maps, attaches (or adopts) them on `cfg.cgroup`, and pins
@@ -411,6 +454,7 @@ fn install_as_allowed(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
         .map_max_entries(map_names::AFFINITY, cfg.max_affinity)
         .map_max_entries(map_names::REVNAT4, cfg.max_revnat)
         .map_max_entries(map_names::REVNAT6, cfg.max_revnat)
+        .map_max_entries(map_names::CONN_REVNAT, cfg.max_connected)
         .override_global("AYA_LOG_LEVEL", &cfg.bpf_log_level, false)
         .load(EBPF_OBJECT)?;
     // Must outlive the program loads: it holds the log ring buffer's fd.
@@ -418,18 +462,7 @@ fn install_as_allowed(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
 
     let mut tags = Vec::new();
     for name in PROGRAMS {
-        let prog = sock_addr_program(&mut ebpf, name)?;
-        prog.load()
-            .map_err(|source| LoadError::Program { name, source })?;
-        let fd = prog
-            .fd()
-            .map_err(|source| LoadError::Program { name, source })?;
-        let info =
-            super::sys::prog_identity(&fd.as_fd().as_raw_fd()).map_err(|source| LoadError::Io {
-                what: "cannot read the program info of",
-                path: PathBuf::from(name),
-                source,
-            })?;
+        let info = load_program(&mut ebpf, name)?;
         let maps: BTreeSet<u32> = info.map_ids.into_iter().collect();
         tags.push((name, info.id, info.tag, maps));
     }
@@ -466,18 +499,7 @@ fn install_as_allowed(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
         let cgroup = fs::File::open(&cfg.cgroup).map_err(io("cannot open cgroup", &cfg.cgroup))?;
         let mut replaced = 0;
         for (name, _, _, _) in &tags {
-            let prog = sock_addr_program(&mut ebpf, name)?;
-            // A bpf_link (flags 0) always attaches in multi mode: an old link (previous
-            // version) keeps running until the new one is pinned, and other programs on the
-            // cgroup are left alone. (BPF_F_ALLOW_MULTI itself is rejected for links.)
-            let link_id = prog
-                .attach(&cgroup, CgroupAttachMode::Single)
-                .map_err(|source| LoadError::Program { name, source })?;
-            let link: FdLink = prog
-                .take_link(link_id)
-                .map_err(|source| LoadError::Program { name, source })?
-                .try_into()
-                .map_err(|source| LoadError::Link { name, source })?;
+            let link = attach_program(&mut ebpf, name, &cgroup)?;
             let final_path = links.join(name);
             // bpffs reserves names with a dot.
             let staging = links.join(format!("{name}_new"));
@@ -500,12 +522,17 @@ fn install_as_allowed(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
             // or pin holds it.
             let prog_pin = progs.join(name);
             let _ = fs::remove_file(&prog_pin);
-            sock_addr_program(&mut ebpf, name)?
-                .pin(&prog_pin)
-                .map_err(|source| LoadError::Pin {
-                    path: prog_pin.clone(),
-                    source,
-                })?;
+            let pinned = match program(&mut ebpf, name)? {
+                Program::CgroupSockAddr(p) => p.pin(&prog_pin),
+                Program::CgroupSock(p) => p.pin(&prog_pin),
+                _ => Err(aya::pin::PinError::NoFd {
+                    name: (*name).to_owned(),
+                }),
+            };
+            pinned.map_err(|source| LoadError::Pin {
+                path: prog_pin.clone(),
+                source,
+            })?;
         }
         // Links pinned for another cgroup belong to an earlier configuration.
         replaced += remove_other_link_dirs(&cfg.pin_dir, &links);
