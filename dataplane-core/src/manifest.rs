@@ -110,22 +110,170 @@ pub struct Documents<'a> {
     stream: serde_yaml::Deserializer<'a>,
     file: &'a Path,
     next: usize,
+    /// The file's line where `text` starts (1 for a whole file).
+    first_line: usize,
     syntax_error: bool,
 }
 
 impl<'a> Documents<'a> {
     /// The documents of `text`; `file` is only used in errors.
     pub fn new(text: &'a str, file: &'a Path) -> Self {
+        Self::part(text, 1, 0, file)
+    }
+
+    /// The documents of a part of a file that [`DocumentSplitter`] cut, which starts on line
+    /// `first_line` of the file with document `first_document`: documents are numbered as in
+    /// the whole file, and errors say where the part starts.
+    pub fn part(text: &'a str, first_line: usize, first_document: usize, file: &'a Path) -> Self {
         Documents {
             stream: serde_yaml::Deserializer::from_str(text),
             file,
-            next: 0,
+            next: first_document,
+            first_line: first_line.max(1),
             syntax_error: false,
         }
     }
 
     /// Whether the text has a YAML syntax error: the stream stopped there, and the documents
     /// after it were not read.
+    pub fn syntax_error(&self) -> bool {
+        self.syntax_error
+    }
+
+    /// The index the next document of the file has.
+    pub fn next_index(&self) -> usize {
+        self.next
+    }
+}
+
+/// Cuts a YAML stream, fed line by line, into the texts of its documents, so a reader holds
+/// one document's text at a time instead of the whole file. A document starts at a `---`
+/// marker line (directives and comments before it go with it) and ends before the next one,
+/// before a directive, or after a `...` marker line. YAML forbids both markers at the start of a line inside a
+/// document's content, so a cut never splits a document, and each part decodes, with
+/// [`Documents::part`], to exactly the documents the whole text has there.
+#[derive(Debug, Default)]
+pub struct DocumentSplitter {
+    text: String,
+    /// Whether `text` holds a document (a marker or content), not just directives, comments
+    /// and blank lines.
+    has_document: bool,
+    /// Whether `text` holds a directive.
+    has_directive: bool,
+    /// Whether a part with a document was cut before.
+    after_document: bool,
+    /// Lines taken so far.
+    lines: usize,
+    /// The file line `text` starts on.
+    first_line: usize,
+}
+
+/// A part of a YAML file: the text of one document (or a few, or none but comments) and the
+/// file line it starts on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Part {
+    /// The text, line breaks included.
+    pub text: String,
+    /// The 1-based line of the file it starts on.
+    pub first_line: usize,
+}
+
+impl DocumentSplitter {
+    /// Takes the next line (with its line break, if any), and returns the part it completes:
+    /// the text before it when it starts a document, or up to it when it ends one.
+    pub fn push(&mut self, line: &str) -> Option<Part> {
+        self.lines += 1;
+        // A line starting with a byte order mark is no marker: YAML's scanner reads it so.
+        let bare = line.trim_end_matches(['\n', '\r']);
+        let is_marker = |m: &str| {
+            bare.strip_prefix(m)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t']))
+        };
+        let directive = bare.starts_with('%');
+        if is_marker("...") && self.after_document && !self.has_document && !self.has_directive {
+            // An extra end marker between documents: YAML skips it, and a part starting with
+            // it would not parse alone.
+            return None;
+        }
+        // A `%` at the start of a line is a directive wherever it is (YAML's scanner reads it
+        // so): it belongs to the next document.
+        let before = if (is_marker("---") || directive) && self.has_document {
+            self.finish()
+        } else {
+            None
+        };
+        if self.text.is_empty() {
+            self.first_line = self.lines;
+        }
+        self.text.push_str(line);
+        // A byte order mark opening the file is no content (but still keeps a marker after
+        // it from being one).
+        let content = if self.lines == 1 {
+            bare.trim_start_matches('\u{feff}')
+        } else {
+            bare
+        }
+        .trim_start();
+        if directive {
+            self.has_directive = true;
+        } else if !(content.is_empty() || content.starts_with('#')) {
+            self.has_document = true;
+        }
+        if is_marker("...") {
+            // What follows an end marker is a new document, with its own directives.
+            return self.finish();
+        }
+        before
+    }
+
+    /// The text after the last cut, if any.
+    pub fn finish(&mut self) -> Option<Part> {
+        self.after_document |= self.has_document;
+        self.has_document = false;
+        self.has_directive = false;
+        if self.text.is_empty() {
+            return None;
+        }
+        Some(Part {
+            text: std::mem::take(&mut self.text),
+            first_line: self.first_line,
+        })
+    }
+}
+
+/// Decodes a file's parts ([`DocumentSplitter`]) in order, numbering documents across them.
+#[derive(Debug)]
+pub struct PartDecoder<'f> {
+    file: &'f Path,
+    next: usize,
+    syntax_error: bool,
+}
+
+impl<'f> PartDecoder<'f> {
+    /// A decoder for the parts of `file` (only used in errors).
+    pub fn new(file: &'f Path) -> Self {
+        PartDecoder {
+            file,
+            next: 0,
+            syntax_error: false,
+        }
+    }
+
+    /// Hands each document of `part` to `each`, as [`Documents`] would in the whole file.
+    /// After a YAML syntax error nothing more is decoded ([`PartDecoder::syntax_error`]).
+    pub fn decode(&mut self, part: &Part, mut each: impl FnMut(Result<Document, ManifestError>)) {
+        if self.syntax_error {
+            return;
+        }
+        let mut documents = Documents::part(&part.text, part.first_line, self.next, self.file);
+        for document in &mut documents {
+            each(document);
+        }
+        self.next = documents.next_index();
+        self.syntax_error = documents.syntax_error();
+    }
+
+    /// Whether a part had a YAML syntax error: decoding stopped there.
     pub fn syntax_error(&self) -> bool {
         self.syntax_error
     }
@@ -151,7 +299,15 @@ impl Iterator for Documents<'_> {
                 Err(e) => {
                     // The YAML stream cannot be resynchronised after a syntax error.
                     self.syntax_error = true;
-                    return Some(Err(error(None, format!("malformed YAML: {e}"))));
+                    let message = if self.first_line > 1 {
+                        format!(
+                            "malformed YAML: {e} (lines counted from line {} of the file, where the document starts)",
+                            self.first_line
+                        )
+                    } else {
+                        format!("malformed YAML: {e}")
+                    };
+                    return Some(Err(error(None, message)));
                 }
             };
             return Some(
@@ -304,6 +460,115 @@ metadata: {namespace: demo}
             errors[0]
                 .to_string()
                 .starts_with("c1/web.yaml (document 2)")
+        );
+    }
+
+    /// A document's index and object, or its index and error.
+    type Summary = Result<(usize, String), (usize, String)>;
+    /// Every document's summary, and whether decoding stopped at a syntax error.
+    type Decoded = (Vec<Summary>, bool);
+
+    /// Decodes `text` cut by [`DocumentSplitter`], line by line, as a file reader does.
+    fn decode_in_parts(text: &str) -> Decoded {
+        let file = Path::new("f.yaml");
+        let mut splitter = DocumentSplitter::default();
+        let mut decoder = PartDecoder::new(file);
+        let mut out = Vec::new();
+        let mut keep = |d: Result<Document, ManifestError>| out.push(summary(d));
+        for line in text.split_inclusive('\n') {
+            if let Some(part) = splitter.push(line) {
+                decoder.decode(&part, &mut keep);
+            }
+        }
+        if let Some(part) = splitter.finish() {
+            decoder.decode(&part, &mut keep);
+        }
+        (out, decoder.syntax_error())
+    }
+
+    fn summary(d: Result<Document, ManifestError>) -> Summary {
+        match d {
+            Ok((i, m)) => Ok((i, m.describe())),
+            // A syntax error's position is relative to its part; the rest is the same.
+            Err(e) if e.message.starts_with("malformed YAML") => {
+                Err((e.document, "malformed YAML".into()))
+            }
+            Err(e) => Err((e.document, format!("{:?}: {}", e.object, e.message))),
+        }
+    }
+
+    fn decode_whole(text: &str) -> Decoded {
+        let mut documents = Documents::new(text, Path::new("f.yaml"));
+        let out = (&mut documents).map(summary).collect();
+        (out, documents.syntax_error())
+    }
+
+    /// Pieces of YAML streams: documents, markers, comments, directives, a broken document.
+    const PIECES: &[&str] = &[
+        "apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: ns}\n",
+        "apiVersion: v1\r\nkind: Service\r\nmetadata:\r\n  name: crlf\r\n  namespace: ns\r\n",
+        "apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceExport\nmetadata:\n  name: b\n  namespace: ns\n  annotations:\n    note: |\n      --- not a marker\n      ... nor this\n",
+        "kind: Nope\nmetadata: {name: c}\n",
+        "apiVersion: v1\nkind: Service\nmetadata: {name: d, namespace: ns}\nspec: {ports: [{port: eighty}]}\n",
+        "---\n",
+        "--- \n",
+        "--- # a comment on the marker\n",
+        "...\n",
+        "# a comment\n",
+        "\n",
+        // Directives come after an end marker (or first in the file).
+        "...\n%YAML 1.2\n---\n",
+        "metadata: {name: [\n",
+    ];
+
+    proptest::proptest! {
+        #[test]
+        fn a_file_cut_into_documents_decodes_as_the_whole_text(
+            picks in proptest::collection::vec(0..PIECES.len(), 0..16),
+            bom in proptest::bool::ANY,
+            last_newline in proptest::bool::ANY,
+        ) {
+            // YAML reads a marker right after a byte order mark as text, and a directive line
+            // after it as more of that text, which a cut cannot know: no mark before a marker.
+            let bom = bom && !picks.first().is_some_and(|&p| PIECES[p].starts_with(['-', '.']));
+            let mut text: String = if bom { "\u{feff}".into() } else { String::new() };
+            for &p in &picks {
+                // A document after another needs a marker between them.
+                if !text.trim().is_empty() && !PIECES[p].starts_with(['-', '.', '#', '%', '\n']) {
+                    text.push_str("---\n");
+                }
+                text.push_str(PIECES[p]);
+            }
+            if !last_newline {
+                text.pop();
+            }
+            proptest::prop_assert_eq!(decode_in_parts(&text), decode_whole(&text), "{:?}", text);
+        }
+    }
+
+    #[test]
+    fn a_part_is_one_document_and_errors_say_where_it_starts() {
+        let text = "apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: ns}\n---\n---\nmetadata: {name: [\n";
+        let mut splitter = DocumentSplitter::default();
+        let mut parts: Vec<Part> = text
+            .split_inclusive('\n')
+            .filter_map(|l| splitter.push(l))
+            .collect();
+        parts.extend(splitter.finish());
+        let starts: Vec<usize> = parts.iter().map(|p| p.first_line).collect();
+        assert_eq!(starts, [1, 4, 5]);
+        let mut decoder = PartDecoder::new(Path::new("f.yaml"));
+        let mut errors = Vec::new();
+        for part in &parts {
+            decoder.decode(part, |d| errors.extend(d.err()));
+        }
+        assert!(decoder.syntax_error());
+        assert_eq!(errors.len(), 1);
+        assert_eq!(errors[0].document, 2);
+        assert!(
+            errors[0].message.contains("from line 5 of the file"),
+            "{}",
+            errors[0].message
         );
     }
 

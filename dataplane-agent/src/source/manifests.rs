@@ -1,15 +1,18 @@
 //! Kubernetes manifests from YAML files: which files of a directory are read, and reading one
-//! file safely, decoded document by document ([`dataplane_core::manifest::Documents`]) and
-//! converted object by object as it goes, so no file's API objects are ever held at once.
+//! file safely, read and decoded document by document ([`DocumentSplitter`], [`PartDecoder`])
+//! and converted object by object as it goes, so neither a file's text nor its API objects are
+//! ever held at once.
 
 use std::{
     ffi::OsStr,
-    io::Read as _,
+    io::{BufRead as _, Read as _},
     os::unix::fs::OpenOptionsExt as _,
     path::{Path, PathBuf},
 };
 
-pub use dataplane_core::manifest::{Documents, Manifest, ManifestError, parse_documents};
+pub use dataplane_core::manifest::{
+    DocumentSplitter, Documents, Manifest, ManifestError, Part, PartDecoder, parse_documents,
+};
 
 /// The largest manifest file read (a larger one is an error for that file, not an
 /// out-of-memory agent).
@@ -58,38 +61,71 @@ pub enum FileRead<T> {
 }
 
 /// Reads `path` and decodes it, calling `convert` on every usable document as it is decoded
-/// (`Err` makes it an error of that document). The file is opened without blocking (a FIFO
-/// put in its place cannot hang the reader) and must be a regular file of at most
-/// [`MAX_FILE_BYTES`].
+/// (`Err` makes it an error of that document). The file is read one document at a time
+/// ([`DocumentSplitter`]), so only one document's text is held, whatever the file's size. It
+/// is opened without blocking (a FIFO put in its place cannot hang the reader) and must be a
+/// regular file of at most [`MAX_FILE_BYTES`] of UTF-8 text.
 pub fn read_file<T>(
     path: &Path,
     mut convert: impl FnMut(usize, Manifest) -> Result<T, ManifestError>,
 ) -> FileRead<T> {
-    let text = match read_text(path) {
-        Ok(Some(text)) => text,
+    let unreadable = |message: String| {
+        FileRead::Unreadable(ManifestError {
+            file: path.to_owned(),
+            document: 0,
+            object: None,
+            message,
+        })
+    };
+    let mut reader = match open_regular(path) {
+        Ok(Some(file)) => std::io::BufReader::with_capacity(1 << 16, file.take(MAX_FILE_BYTES + 1)),
         Ok(None) => return FileRead::Gone,
-        Err(message) => {
-            return FileRead::Unreadable(ManifestError {
-                file: path.to_owned(),
-                document: 0,
-                object: None,
-                message,
-            });
-        }
+        Err(message) => return unreadable(message),
     };
     let mut objects = Vec::new();
     let mut errors = Vec::new();
-    let mut documents = Documents::new(&text, path);
-    for document in &mut documents {
-        match document.and_then(|(index, m)| convert(index, m).map(|t| (index, t))) {
-            Ok(object) => objects.push(object),
-            Err(e) => errors.push(e),
+    let mut splitter = DocumentSplitter::default();
+    let mut decoder = PartDecoder::new(path);
+    let mut decode = |part: Part, decoder: &mut PartDecoder| {
+        decoder.decode(&part, |document| {
+            match document.and_then(|(index, m)| convert(index, m).map(|t| (index, t))) {
+                Ok(object) => objects.push(object),
+                Err(e) => errors.push(e),
+            }
+        })
+    };
+    let mut line = String::new();
+    let mut read: u64 = 0;
+    loop {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) => break,
+            Ok(n) => read += n as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                return unreadable(format!("cannot read: not UTF-8 text ({e})"));
+            }
+            Err(e) => return unreadable(format!("cannot read: {e}")),
         }
+        if read > MAX_FILE_BYTES {
+            return unreadable(format!(
+                "cannot read: larger than {MAX_FILE_BYTES} bytes; not read"
+            ));
+        }
+        if let Some(part) = splitter.push(&line) {
+            decode(part, &mut decoder);
+            if decoder.syntax_error() {
+                // Nothing after a syntax error is decoded: the rest need not be read.
+                break;
+            }
+        }
+    }
+    if let Some(part) = splitter.finish() {
+        decode(part, &mut decoder);
     }
     FileRead::Parsed {
         objects,
         errors,
-        syntax_error: documents.syntax_error(),
+        syntax_error: decoder.syntax_error(),
     }
 }
 
@@ -153,8 +189,8 @@ pub fn reread<T>(
     }
 }
 
-/// The text of a regular file; `None` when `path` is no regular file (any more).
-fn read_text(path: &Path) -> Result<Option<String>, String> {
+/// `path` opened for reading if it is a regular file; `None` when it is not (any more).
+fn open_regular(path: &Path) -> Result<Option<std::fs::File>, String> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
@@ -177,18 +213,12 @@ fn read_text(path: &Path) -> Result<Option<String>, String> {
     if !meta.is_file() {
         return Ok(None);
     }
-    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0).min(1 << 20));
-    file.take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read: {e}"))?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
+    if meta.len() > MAX_FILE_BYTES {
         return Err(format!(
             "cannot read: larger than {MAX_FILE_BYTES} bytes; not read"
         ));
     }
-    String::from_utf8(bytes)
-        .map(Some)
-        .map_err(|e| format!("cannot read: not UTF-8 text ({e})"))
+    Ok(Some(file))
 }
 
 #[cfg(test)]
