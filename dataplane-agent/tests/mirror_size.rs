@@ -10,17 +10,9 @@
 //! `MIRROR_SERVICES=10000 cargo test --release -p dataplane-agent --test mirror_size -- --nocapture`
 //! measures the scale (20,000 port frontends, a million slots).
 
-use std::{
-    alloc::{GlobalAlloc, Layout, System},
-    mem::size_of,
-    sync::atomic::{AtomicUsize, Ordering},
-};
+use std::mem::size_of;
 
-use dataplane_agent::bpf::{
-    desired::FeAddr,
-    maps::{Capacities, MapOp, MapWriteError, MapWriter},
-    sync::MapSync,
-};
+use dataplane_agent::bpf::{desired::FeAddr, maps::Capacities, sync::MapSync};
 use dataplane_core::{
     fixtures::{
         lb_table,
@@ -29,49 +21,10 @@ use dataplane_core::{
     lb::{Backend, LbTable},
     model::NamespacedName,
 };
-use dataplane_ebpf::Slot;
 
-struct Counting;
+mod counting;
 
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator and only counts the sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
-        // SAFETY: the caller's layout, passed on.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        // SAFETY: `ptr` came from `alloc` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size, Ordering::Relaxed);
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        // SAFETY: as for `alloc` and `dealloc`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-/// Maps that accept every write and keep nothing.
-struct NullMaps;
-
-impl MapWriter for NullMaps {
-    fn apply(&mut self, _: &MapOp) -> Result<(), MapWriteError> {
-        Ok(())
-    }
-    fn read_slots(&self, _: u32, count: u16) -> Result<Vec<Slot>, MapWriteError> {
-        Ok(vec![Slot::default(); count as usize])
-    }
-    fn quiesce(&mut self) -> Result<(), MapWriteError> {
-        Ok(())
-    }
-}
+use counting::{NullMaps, live};
 
 /// The synthetic ClusterSet's lb table at this shape.
 fn table(shape: Shape) -> LbTable {
@@ -113,12 +66,12 @@ fn measure(shape: Shape) -> Measured {
         slots: (shape.services * shape.ports * shape.clusters * shape.endpoints).max(4096) as u32,
         clusters: 1024,
     };
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = live();
     let mut sync = MapSync::new(caps);
     let report = sync.sync_table(&t, &mut NullMaps);
     assert!(report.failed.is_empty(), "{:?}", report.failed);
     drop(report);
-    let bytes = LIVE.load(Ordering::Relaxed).saturating_sub(before);
+    let bytes = live().saturating_sub(before);
     let size = sync.size();
     assert_eq!(size.services, shape.services);
     assert_eq!(

@@ -15,7 +15,7 @@ use std::{
 };
 
 use dataplane_core::{
-    lb::{Frontend, FrontendAddr, LbTable, Protocol},
+    lb::{Frontend, FrontendAddr, LbTable, Protocol, ServicePart},
     model::NamespacedName,
 };
 use dataplane_ebpf::{FRONTEND_F_AFFINITY, FRONTEND_F_WILDCARD, FrontendKey4, FrontendKey6};
@@ -168,6 +168,28 @@ impl DesiredFrontend {
 pub struct DesiredService {
     pub service: NamespacedName,
     pub frontends: Vec<(FeAddr, DesiredFrontend)>,
+}
+
+impl DesiredService {
+    /// The entries of a service's part of the table ([`LbState::update_parts`]): its
+    /// frontends and each VIP's wildcard. The part is consumed, so its backends are freed as
+    /// the writer takes one service after another.
+    ///
+    /// [`LbState::update_parts`]: dataplane_core::lb::LbState::update_parts
+    pub fn from_part(service: NamespacedName, part: ServicePart) -> Self {
+        let mut frontends: Vec<(FeAddr, DesiredFrontend)> = part
+            .frontends
+            .iter()
+            .map(|(addr, fe)| (FeAddr::Port(*addr), DesiredFrontend::of(addr, fe)))
+            .chain(
+                part.vips
+                    .iter()
+                    .map(|&ip| (FeAddr::Wildcard(ip), DesiredFrontend::wildcard())),
+            )
+            .collect();
+        frontends.sort_by_key(|a| a.0);
+        DesiredService { service, frontends }
+    }
 }
 
 /// The entries of one service: the frontends of each VIP it owns (a range of the table, which

@@ -19,10 +19,11 @@ use tracing::{debug, error, info, warn};
 use super::shutdown_signal;
 use crate::{
     bpf::{
+        desired::DesiredService,
         kernel::KernelMaps,
         loader::{self, Attachment, Dataplane, LoadError, LoaderConfig},
         maps::MapWriter as _,
-        sync::{MapSync, SyncReport},
+        sync::{MapSync, Scope, SyncReport},
     },
     dns::{DnsOptions, DnsZone, server::DnsServer},
     source::{
@@ -173,35 +174,39 @@ impl Node {
             }
         }
         // The first sync is a full one: it prunes what adopted maps hold that the inputs do
-        // not. Later ones rebuild and write only the services that changed.
+        // not. Later ones rebuild and write only the services that changed. The lb state keeps
+        // no frontends: each rebuilt service's part goes to the writer, which keeps a digest.
         let full = !self.synced;
         let inputs = &self.inputs;
-        let rebuilt = if full {
+        let inputs_of = |s: &NamespacedName| inputs.inputs(s);
+        let parts = if full {
             self.lb = LbState::new(self.policy.clone());
-            self.lb.update(inputs.services(), |s| inputs.inputs(s))
+            self.lb.update_parts(inputs.services(), inputs_of)
         } else {
             dirty.extend(std::mem::take(&mut self.retry));
             if dirty.is_empty() {
                 return None;
             }
-            self.lb.update(&dirty, |s| inputs.inputs(s))
+            self.lb.update_parts(&dirty, inputs_of)
         };
+        let rebuilt: BTreeSet<NamespacedName> = parts.services().iter().cloned().collect();
+        // Each part is built as the writer takes it and freed once written.
+        let desired = parts.map(|(service, part)| DesiredService::from_part(service, part));
+        let scope = if full {
+            Scope::All
+        } else {
+            Scope::Services(&rebuilt)
+        };
+        let report = self.sync.sync(scope, desired, &mut self.maps);
         for service in &rebuilt {
             for w in self.lb.warnings_of(service) {
                 warn!(object = %w.object, "{}", w.message);
             }
         }
-        let table = self.lb.table();
-        let report = if full {
-            self.sync.sync_table(table, &mut self.maps)
-        } else {
-            self.sync
-                .sync_table_services(table, &rebuilt, &mut self.maps)
-        };
         self.synced = true;
         info!(
             services = rebuilt.len(),
-            frontends = table.frontends.len(),
+            frontends = self.sync.frontend_count(),
             changed = report.changed.len(),
             failed = report.failed.len(),
             writes = report.writes,
@@ -222,6 +227,9 @@ impl Node {
         }
         for service in &report.changed {
             debug!(service = %service, "service written to the maps");
+        }
+        if full || rebuilt.len() >= crate::memory::LARGE_SYNC_SERVICES {
+            crate::memory::release_freed();
         }
         Some(report)
     }

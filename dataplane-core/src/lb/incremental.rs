@@ -89,10 +89,22 @@ pub fn build_services<'a, 'n>(
     let mut services: Vec<_> = services.into_iter().collect();
     services.sort_unstable_by(|a, b| a.0.cmp(b.0));
     services.dedup_by(|a, b| a.0 == b.0);
-    let mut claimed: BTreeMap<IpAddr, NamespacedName> = BTreeMap::new();
-    let mut out = Vec::with_capacity(services.len());
-    let mut serving = Vec::new();
-    for (service, inputs) in services {
+    let mut builder = PartBuilder::default();
+    services
+        .into_iter()
+        .map(|(service, inputs)| (service, builder.build(inputs, policy)))
+        .collect()
+}
+
+/// Builds services' parts one at a time, in sorted order: a VIP goes to the first service
+/// that lists it.
+#[derive(Default)]
+struct PartBuilder {
+    claimed: BTreeMap<IpAddr, NamespacedName>,
+}
+
+impl PartBuilder {
+    fn build(&mut self, inputs: ServiceInputs<'_>, policy: &AddressPolicy) -> ServicePart {
         let mut part = ServicePart::default();
         for c in inputs.imports {
             part.warnings.extend(warnings_of(c, "ServiceImport"));
@@ -132,18 +144,17 @@ pub fn build_services<'a, 'n>(
                 &slices,
                 policy,
                 &mut part.refused,
-                &mut claimed,
+                &mut self.claimed,
                 &mut part.warnings,
-                &mut serving,
+                &mut Vec::new(),
                 |addr, fe| part.frontends.push((addr, fe)),
             );
             part.vips.extend(vips.into_iter().map(|(_, ip)| ip));
         }
         part.warnings.sort();
         part.warnings.dedup();
-        out.push((service, part));
+        part
     }
-    out
 }
 
 /// What the state remembers of one service.
@@ -185,6 +196,8 @@ pub struct LbState {
     policy: Arc<AddressPolicy>,
     /// How many addresses the policy refuses now, by use and reason.
     refused: BTreeMap<(AddressUse, Refusal), usize>,
+    /// Kept by [`LbState::update_parts`]: the table has no frontends.
+    parts_only: bool,
 }
 
 impl LbState {
@@ -201,7 +214,8 @@ impl LbState {
         &self.refused
     }
 
-    /// The whole table.
+    /// The whole table: its VIPs and warnings, and its frontends when the state is kept by
+    /// [`update`](Self::update) (none with [`update_parts`](Self::update_parts)).
     pub fn table(&self) -> &LbTable {
         &self.table
     }
@@ -227,6 +241,79 @@ impl LbState {
         &mut self,
         changed: impl IntoIterator<Item = &'n NamespacedName>,
         inputs: impl Fn(&NamespacedName) -> ServiceInputs<'a>,
+    ) -> BTreeSet<NamespacedName> {
+        debug_assert!(
+            !self.parts_only,
+            "a state kept by update_parts has no frontends"
+        );
+        let rebuild = self.rebuild_set(changed, &inputs);
+        // Every old entry of the rebuilt services goes before any new one comes in (a VIP may
+        // move from one of them to another).
+        for service in &rebuild {
+            for ip in self
+                .services
+                .get(service)
+                .map(|s| &s.vips[..])
+                .unwrap_or(&[])
+            {
+                let lo = FrontendAddr {
+                    ip: *ip,
+                    port: 0,
+                    protocol: Protocol::Tcp,
+                };
+                let hi = FrontendAddr {
+                    ip: *ip,
+                    port: u16::MAX,
+                    protocol: Protocol::Udp,
+                };
+                let gone: Vec<FrontendAddr> = self
+                    .table
+                    .frontends
+                    .range(lo..=hi)
+                    .map(|(a, _)| *a)
+                    .collect();
+                for addr in gone {
+                    self.table.frontends.remove(&addr);
+                }
+            }
+        }
+        let parts: Vec<_> = Parts::new(self, rebuild.iter().cloned().collect(), inputs).collect();
+        for (_, part) in parts {
+            self.table.frontends.extend(part.frontends);
+        }
+        rebuild
+    }
+
+    /// [`update`](Self::update) for a state that keeps no frontends: the rebuilt services'
+    /// parts are handed out one at a time, sorted by service (a service that is gone with an
+    /// empty part), each built as it is taken, and the table keeps only its VIPs and warnings.
+    /// The node uses this: the map writer keeps a digest of what it wrote, so no backend needs
+    /// to stay once written, and a full sync never holds the whole table. Parts not taken are
+    /// built and filed when the iterator is dropped. The first call drops the frontends an
+    /// [`update`](Self::update) kept.
+    pub fn update_parts<'s, 'a, 'n, F>(
+        &'s mut self,
+        changed: impl IntoIterator<Item = &'n NamespacedName>,
+        inputs: F,
+    ) -> Parts<'s, 'a, F>
+    where
+        F: Fn(&NamespacedName) -> ServiceInputs<'a>,
+    {
+        if !self.parts_only {
+            self.parts_only = true;
+            self.table.frontends.clear();
+        }
+        let rebuild = self.rebuild_set(changed, &inputs);
+        Parts::new(self, rebuild.into_iter().collect(), inputs)
+    }
+
+    /// The services to rebuild after `changed` changed: those, every service that lists an
+    /// IP a changed service listed before (it may get that VIP now), and then everything that
+    /// shares a listed IP with what is rebuilt.
+    fn rebuild_set<'a, 'n>(
+        &mut self,
+        changed: impl IntoIterator<Item = &'n NamespacedName>,
+        inputs: &impl Fn(&NamespacedName) -> ServiceInputs<'a>,
     ) -> BTreeSet<NamespacedName> {
         let changed: BTreeSet<&NamespacedName> = changed.into_iter().collect();
         let mut rebuild: BTreeSet<NamespacedName> = changed.iter().map(|s| (*s).clone()).collect();
@@ -264,7 +351,6 @@ impl LbState {
                 }
             }
         }
-        // Everything that shares an IP with what is rebuilt is rebuilt too.
         while let Some(service) = queue.pop() {
             let Some(state) = self.services.get(&service) else {
                 continue;
@@ -277,78 +363,123 @@ impl LbState {
                 }
             }
         }
-
-        let parts = build_services(rebuild.iter().map(|s| (s, inputs(s))), &self.policy);
-
-        // Splice: every old entry of the rebuilt services goes before any new one comes in (a
-        // VIP may move from one of them to another).
-        for service in &rebuild {
-            let Some(state) = self.services.get(service) else {
-                continue;
-            };
-            for ip in &state.vips {
-                self.table.vips.remove(ip);
-                let lo = FrontendAddr {
-                    ip: *ip,
-                    port: 0,
-                    protocol: Protocol::Tcp,
-                };
-                let hi = FrontendAddr {
-                    ip: *ip,
-                    port: u16::MAX,
-                    protocol: Protocol::Udp,
-                };
-                let gone: Vec<FrontendAddr> = self
-                    .table
-                    .frontends
-                    .range(lo..=hi)
-                    .map(|(a, _)| *a)
-                    .collect();
-                for addr in gone {
-                    self.table.frontends.remove(&addr);
-                }
-            }
-        }
-        let mut warnings_changed = false;
-        for (service, part) in parts {
-            for ip in &part.vips {
-                self.table.vips.insert(*ip, service.clone());
-            }
-            self.table.frontends.extend(part.frontends);
-            let state = self.services.entry(service.clone()).or_default();
-            warnings_changed |= state.warnings != part.warnings;
-            state.vips = part.vips;
-            state.warnings = part.warnings;
-            for key in &state.refused {
-                if let Some(n) = self.refused.get_mut(key) {
-                    *n -= 1;
-                    if *n == 0 {
-                        self.refused.remove(key);
-                    }
-                }
-            }
-            for key in &part.refused {
-                *self.refused.entry(*key).or_default() += 1;
-            }
-            state.refused = part.refused;
-            if state.vips.is_empty()
-                && state.listed.is_empty()
-                && state.warnings.is_empty()
-                && state.refused.is_empty()
-            {
-                self.services.remove(service);
-            }
-        }
-        if warnings_changed {
-            let mut all: Vec<LbWarning> = self
-                .services
-                .values()
-                .flat_map(|s| s.warnings.iter().cloned())
-                .collect();
-            all.sort();
-            all.dedup();
-            self.table.warnings = all;
-        }
         rebuild
+    }
+}
+
+/// The parts of the services an update rebuilds ([`LbState::update_parts`]), each built and
+/// filed in the state as it is taken.
+pub struct Parts<'s, 'a, F>
+where
+    F: Fn(&NamespacedName) -> ServiceInputs<'a>,
+{
+    state: &'s mut LbState,
+    /// Sorted.
+    rebuild: std::vec::IntoIter<NamespacedName>,
+    services: Vec<NamespacedName>,
+    inputs: F,
+    builder: PartBuilder,
+    warnings_changed: bool,
+}
+
+impl<'s, 'a, F> Parts<'s, 'a, F>
+where
+    F: Fn(&NamespacedName) -> ServiceInputs<'a>,
+{
+    fn new(state: &'s mut LbState, rebuild: Vec<NamespacedName>, inputs: F) -> Self {
+        // Every old VIP of the rebuilt services goes before any new one comes in.
+        for service in &rebuild {
+            for ip in state
+                .services
+                .get(service)
+                .map(|s| &s.vips[..])
+                .unwrap_or(&[])
+            {
+                state.table.vips.remove(ip);
+            }
+        }
+        Parts {
+            state,
+            services: rebuild.clone(),
+            rebuild: rebuild.into_iter(),
+            inputs,
+            builder: PartBuilder::default(),
+            warnings_changed: false,
+        }
+    }
+
+    /// Every service the update rebuilds, sorted.
+    pub fn services(&self) -> &[NamespacedName] {
+        &self.services
+    }
+
+    /// Files a service's new part: its VIPs, warnings and refusals.
+    fn file(&mut self, service: &NamespacedName, part: &ServicePart) {
+        let state = &mut *self.state;
+        for ip in &part.vips {
+            state.table.vips.insert(*ip, service.clone());
+        }
+        let kept = state.services.entry(service.clone()).or_default();
+        self.warnings_changed |= kept.warnings != part.warnings;
+        kept.vips.clone_from(&part.vips);
+        kept.warnings.clone_from(&part.warnings);
+        for key in &kept.refused {
+            if let Some(n) = state.refused.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    state.refused.remove(key);
+                }
+            }
+        }
+        for key in &part.refused {
+            *state.refused.entry(*key).or_default() += 1;
+        }
+        kept.refused.clone_from(&part.refused);
+        if kept.vips.is_empty()
+            && kept.listed.is_empty()
+            && kept.warnings.is_empty()
+            && kept.refused.is_empty()
+        {
+            state.services.remove(service);
+        }
+    }
+}
+
+impl<'a, F> Iterator for Parts<'_, 'a, F>
+where
+    F: Fn(&NamespacedName) -> ServiceInputs<'a>,
+{
+    type Item = (NamespacedName, ServicePart);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let Some(service) = self.rebuild.next() else {
+            if std::mem::take(&mut self.warnings_changed) {
+                let mut all: Vec<LbWarning> = self
+                    .state
+                    .services
+                    .values()
+                    .flat_map(|s| s.warnings.iter().cloned())
+                    .collect();
+                all.sort();
+                all.dedup();
+                self.state.table.warnings = all;
+            }
+            return None;
+        };
+        let part = self
+            .builder
+            .build((self.inputs)(&service), &self.state.policy);
+        self.file(&service, &part);
+        Some((service, part))
+    }
+}
+
+impl<'a, F> Drop for Parts<'_, 'a, F>
+where
+    F: Fn(&NamespacedName) -> ServiceInputs<'a>,
+{
+    fn drop(&mut self) {
+        // The state must hold every rebuilt service, taken or not.
+        for _ in self.by_ref() {}
     }
 }

@@ -403,7 +403,7 @@ fn build_import<'s>(
 mod incremental;
 pub mod inputs;
 
-pub use incremental::{LbState, ServiceInputs, ServicePart, build_services};
+pub use incremental::{LbState, Parts, ServiceInputs, ServicePart, build_services};
 
 #[cfg(test)]
 mod tests;

@@ -930,6 +930,32 @@ mod incremental {
         dirty
     }
 
+    /// A state that keeps no frontends ([`LbState::update_parts`]) and the frontends its
+    /// parts hand out, kept the way the map writer keeps them: replaced service by service.
+    #[derive(Default)]
+    struct Lean {
+        lb: LbState,
+        frontends: BTreeMap<FrontendAddr, Frontend>,
+    }
+
+    impl Lean {
+        fn update(&mut self, index: &InputIndex, dirty: &BTreeSet<NamespacedName>) {
+            for (service, part) in self.lb.update_parts(dirty, |s| index.inputs(s)) {
+                self.frontends.retain(|_, fe| fe.service != service);
+                self.frontends.extend(part.frontends);
+            }
+        }
+
+        /// The same table as a state that keeps it.
+        fn matches(&self, full: &LbState) -> bool {
+            self.frontends == full.table().frontends
+                && self.lb.table().vips == full.table().vips
+                && self.lb.table().warnings == full.table().warnings
+                && self.lb.table().frontends.is_empty()
+                && self.lb.refused() == full.refused()
+        }
+    }
+
     fn ns(name: &str) -> NamespacedName {
         NamespacedName::new("ns", name)
     }
@@ -1072,8 +1098,11 @@ mod incremental {
         ) {
             let mut index = InputIndex::default();
             let mut lb = LbState::default();
-            apply(&mut index, &mut lb, snapshot(&imports, &slices));
+            let mut lean = Lean::default();
+            let dirty = apply(&mut index, &mut lb, snapshot(&imports, &slices));
+            lean.update(&index, &dirty);
             prop_assert_eq!(lb.table(), &build(&imports, &labelled(&slices)));
+            prop_assert!(lean.matches(&lb));
 
             // From here on, one object per namespace/name, as in an API server.
             let mut imports: BTreeMap<ObjKey, ServiceImport> =
@@ -1082,8 +1111,10 @@ mod incremental {
                 slices.into_iter().map(|s| (obj_key(&s.metadata), s)).collect();
             let all_imports: Vec<_> = imports.values().cloned().collect();
             let all_slices: Vec<_> = slices.values().cloned().collect();
-            apply(&mut index, &mut lb, snapshot(&all_imports, &all_slices));
+            let dirty = apply(&mut index, &mut lb, snapshot(&all_imports, &all_slices));
+            lean.update(&index, &dirty);
             prop_assert_eq!(lb.table(), &build(&all_imports, &labelled(&all_slices)));
+            prop_assert!(lean.matches(&lb));
 
             for edit in edits {
                 let change = match edit {
@@ -1110,7 +1141,9 @@ mod incremental {
                         Change::SliceDeleted(NamespacedName::of(&s.metadata))
                     }
                 };
-                apply(&mut index, &mut lb, change);
+                let dirty = apply(&mut index, &mut lb, change);
+                lean.update(&index, &dirty);
+                prop_assert!(lean.matches(&lb), "a state without frontends hands out the same parts");
                 let all_imports: Vec<_> = imports.values().cloned().collect();
                 let all_slices: Vec<_> = labelled(&slices.values().cloned().collect::<Vec<_>>());
                 let full = build(&all_imports, &all_slices);
