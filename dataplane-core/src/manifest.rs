@@ -147,21 +147,21 @@ impl<'a> Documents<'a> {
 }
 
 /// Cuts a YAML stream, fed line by line, into the texts of its documents, so a reader holds
-/// one document's text at a time instead of the whole file. A document starts at a `---`
-/// marker line (directives and comments before it go with it) and ends before the next one,
-/// before a directive, or after a `...` marker line. YAML forbids both markers at the start of a line inside a
-/// document's content, so a cut never splits a document, and each part decodes, with
-/// [`Documents::part`], to exactly the documents the whole text has there.
+/// one document's text at a time instead of the whole file. A part ends before a `---` marker
+/// line that follows a document, or before a directive (a `%` line) after a `...` marker,
+/// which starts the next document. YAML forbids a `---` at the start of a line inside a
+/// document's content and reads a `%` there as a directive only where a document may start,
+/// so a cut never splits a document, and each part decodes, with [`Documents::part`], to
+/// exactly the documents the whole text has there. Any other `%` line stays with its
+/// document: text of a multi-line scalar, or an error YAML reports in that document.
 #[derive(Debug, Default)]
 pub struct DocumentSplitter {
     text: String,
     /// Whether `text` holds a document (a marker or content), not just directives, comments
     /// and blank lines.
     has_document: bool,
-    /// Whether `text` holds a directive.
-    has_directive: bool,
-    /// Whether a part with a document was cut before.
-    after_document: bool,
+    /// Whether the last line of `text` other than comments and blank lines is a `...` marker.
+    ended: bool,
     /// Lines taken so far.
     lines: usize,
     /// The file line `text` starts on.
@@ -179,8 +179,8 @@ pub struct Part {
 }
 
 impl DocumentSplitter {
-    /// Takes the next line (with its line break, if any), and returns the part it completes:
-    /// the text before it when it starts a document, or up to it when it ends one.
+    /// Takes the next line (with its line break, if any), and returns the part before it when
+    /// it starts the next document.
     pub fn push(&mut self, line: &str) -> Option<Part> {
         self.lines += 1;
         // A line starting with a byte order mark is no marker: YAML's scanner reads it so.
@@ -190,22 +190,6 @@ impl DocumentSplitter {
                 .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t']))
         };
         let directive = bare.starts_with('%');
-        if is_marker("...") && self.after_document && !self.has_document && !self.has_directive {
-            // An extra end marker between documents: YAML skips it, and a part starting with
-            // it would not parse alone.
-            return None;
-        }
-        // A `%` at the start of a line is a directive wherever it is (YAML's scanner reads it
-        // so): it belongs to the next document.
-        let before = if (is_marker("---") || directive) && self.has_document {
-            self.finish()
-        } else {
-            None
-        };
-        if self.text.is_empty() {
-            self.first_line = self.lines;
-        }
-        self.text.push_str(line);
         // A byte order mark opening the file is no content (but still keeps a marker after
         // it from being one).
         let content = if self.lines == 1 {
@@ -214,23 +198,24 @@ impl DocumentSplitter {
             bare
         }
         .trim_start();
-        if directive {
-            self.has_directive = true;
-        } else if !(content.is_empty() || content.starts_with('#')) {
-            self.has_document = true;
+        let comment_or_blank = content.is_empty() || content.starts_with('#');
+        let starts_next = self.has_document && (is_marker("---") || (directive && self.ended));
+        let before = if starts_next { self.finish() } else { None };
+        if self.text.is_empty() {
+            self.first_line = self.lines;
         }
-        if is_marker("...") {
-            // What follows an end marker is a new document, with its own directives.
-            return self.finish();
+        self.text.push_str(line);
+        if !comment_or_blank {
+            self.ended = is_marker("...");
+            self.has_document |= !directive;
         }
         before
     }
 
     /// The text after the last cut, if any.
     pub fn finish(&mut self) -> Option<Part> {
-        self.after_document |= self.has_document;
         self.has_document = false;
-        self.has_directive = false;
+        self.ended = false;
         if self.text.is_empty() {
             return None;
         }
@@ -517,8 +502,13 @@ metadata: {namespace: demo}
         "# a comment\n",
         "\n",
         // Directives come after an end marker (or first in the file).
-        "...\n%YAML 1.2\n---\n",
+        "...\n%YAML 1.2\n# a comment\n---\n",
         "metadata: {name: [\n",
+        // `%` lines that are text, and one that is an unknown directive.
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: e\n  namespace: ns\n  annotations: {note: \"a\n%b\"}\n",
+        "%foo\n",
+        // A document right after an end marker, with no marker of its own: an error.
+        "...\nkind: Nope\n",
     ];
 
     proptest::proptest! {

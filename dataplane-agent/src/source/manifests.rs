@@ -77,8 +77,11 @@ pub fn read_file<T>(
             message,
         })
     };
-    let mut reader = match open_regular(path) {
-        Ok(Some(file)) => std::io::BufReader::with_capacity(1 << 16, file.take(MAX_FILE_BYTES + 1)),
+    let (mut reader, opened) = match open_regular(path) {
+        Ok(Some((file, meta))) => (
+            std::io::BufReader::with_capacity(1 << 16, file.take(MAX_FILE_BYTES + 1)),
+            meta,
+        ),
         Ok(None) => return FileRead::Gone,
         Err(message) => return unreadable(message),
     };
@@ -121,6 +124,12 @@ pub fn read_file<T>(
     }
     if let Some(part) = splitter.finish() {
         decode(part, &mut decoder);
+    }
+    // The file is read over a while: one rewritten in place meanwhile (truncated, then
+    // written) may have ended early at a document boundary and look complete.
+    let now = reader.get_ref().get_ref().metadata();
+    if now.map_or(true, |now| FileStamp::of(&now) != opened) {
+        return unreadable("changed while it was read; it is read again at its next change".into());
     }
     FileRead::Parsed {
         objects,
@@ -189,8 +198,28 @@ pub fn reread<T>(
     }
 }
 
-/// `path` opened for reading if it is a regular file; `None` when it is not (any more).
-fn open_regular(path: &Path) -> Result<Option<std::fs::File>, String> {
+/// What tells that a file changed: its size, modification and status change times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileStamp {
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileStamp {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt as _;
+        FileStamp {
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+}
+
+/// `path` opened for reading, with its stamp, if it is a regular file; `None` when it is not
+/// (any more).
+fn open_regular(path: &Path) -> Result<Option<(std::fs::File, FileStamp)>, String> {
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
@@ -218,7 +247,7 @@ fn open_regular(path: &Path) -> Result<Option<std::fs::File>, String> {
             "cannot read: larger than {MAX_FILE_BYTES} bytes; not read"
         ));
     }
-    Ok(Some(file))
+    Ok(Some((file, FileStamp::of(&meta))))
 }
 
 #[cfg(test)]
@@ -281,6 +310,29 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         assert!(matches!(read(&fifo), FileRead::Gone));
         assert_eq!(yaml_files(d).expect("list"), Vec::<PathBuf>::new());
+    }
+
+    #[test]
+    fn a_file_changed_while_it_is_read_is_unreadable_this_time() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("a.yaml");
+        let doc = "apiVersion: v1\nkind: Service\nmetadata: {name: a, namespace: ns}\n";
+        std::fs::write(&path, format!("{doc}---\n{doc}")).expect("write");
+        // Rewritten in place while the first document is converted, as an editor or a
+        // generator that truncates and writes may do.
+        let read = read_file(&path, |_, m| {
+            std::fs::write(&path, doc).expect("rewrite");
+            Ok(m.describe())
+        });
+        match read {
+            FileRead::Unreadable(e) => assert!(e.message.contains("changed while"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        // Read again once it is still, it is whole.
+        assert!(matches!(
+            read_file(&path, |_, m| Ok(m.describe())),
+            FileRead::Parsed { objects, .. } if objects.len() == 1
+        ));
     }
 
     #[test]
