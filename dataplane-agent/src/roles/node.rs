@@ -5,10 +5,10 @@
 //! Sources send [`Change`]s on the input feed ([`crate::source::feed`]): an API server's watch
 //! events one object at a time, a directory or a merge as one snapshot and then object by
 //! object. The node files them in its [`InputIndex`] (the one store of its inputs, shared
-//! `Arc`s), rebuilds the lb table of the services they touched
-//! ([`LbState::update`]) and writes only those services to the maps
-//! ([`MapSync::sync_services`]), so an event costs the size of the service it changes, not of
-//! the table. Nothing is written before the index has complete lists of both kinds (nothing is
+//! `Arc`s), rebuilds the lb table's parts of the services they touched
+//! ([`LbState::update_parts`]) and hands each part to the map writer as it is built
+//! ([`MapSync::sync`]), so an event costs the size of the service it changes, not of the table,
+//! and no copy of the table is kept (the writer keeps a digest per frontend). Nothing is written before the index has complete lists of both kinds (nothing is
 //! pruned after a restart until the initial lists are in); the first sync is a full one, which
 //! prunes whatever the adopted maps hold that the inputs no longer have.
 

@@ -242,11 +242,12 @@ impl LbState {
         changed: impl IntoIterator<Item = &'n NamespacedName>,
         inputs: impl Fn(&NamespacedName) -> ServiceInputs<'a>,
     ) -> BTreeSet<NamespacedName> {
-        debug_assert!(
-            !self.parts_only,
-            "a state kept by update_parts has no frontends"
-        );
-        let rebuild = self.rebuild_set(changed, &inputs);
+        let mut rebuild = self.rebuild_set(changed, &inputs);
+        if std::mem::take(&mut self.parts_only) {
+            // Kept by update_parts until now: the table has no frontends, so every service
+            // that owns a VIP is built again.
+            rebuild.extend(self.services.keys().cloned());
+        }
         // Every old entry of the rebuilt services goes before any new one comes in (a VIP may
         // move from one of them to another).
         for service in &rebuild {

@@ -1007,6 +1007,22 @@ mod incremental {
     }
 
     #[test]
+    fn a_state_kept_by_parts_builds_its_whole_table_again_when_updated() {
+        let mut index = InputIndex::default();
+        let imports = [si("a", &[V4]), si("b", &["241.0.0.2"])];
+        let slices = [es("s1", "a", "10.0.0.1"), es("s2", "b", "10.0.0.2")];
+        let mut dirty = BTreeSet::new();
+        index.apply(snapshot(&imports, &slices), &mut dirty);
+        let mut lb = LbState::default();
+        let parts: Vec<_> = lb.update_parts(&dirty, |s| index.inputs(s)).collect();
+        assert_eq!(parts.len(), 2);
+        assert!(lb.table().frontends.is_empty());
+        // Only a changed, but the table gets b's frontends back too.
+        lb.update([&ns("a")], |s| index.inputs(s));
+        assert_eq!(lb.table(), &build(&imports, &slices));
+    }
+
+    #[test]
     fn a_relist_prunes_what_was_deleted_meanwhile_and_only_dirties_differences() {
         let mut index = InputIndex::default();
         let mut lb = LbState::default();

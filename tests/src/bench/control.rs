@@ -68,7 +68,7 @@ pub struct FullSync {
     pub ms: f64,
 }
 
-/// One service changed while `services` are installed: `MapSync::sync_services` into the
+/// One service changed while `services` are installed: `MapSync::sync_table_services` into the
 /// kernel maps, timed in-process.
 #[derive(Clone, Debug, Serialize)]
 pub struct MapChange {
@@ -253,7 +253,7 @@ pub fn datapath_shape(services: usize) -> Shape {
 }
 
 /// With `services` installed, replaces one endpoint of a random service `samples` times and
-/// times each `sync_services` into the kernel maps.
+/// times each `sync_table_services` into the kernel maps.
 fn map_change(services: usize, samples: usize) -> anyhow::Result<MapChange> {
     let shape = datapath_shape(services);
     let plan = plan_for(shape);

@@ -398,7 +398,7 @@ fn change_table(out: &mut String, dp: &DatapathReport, cp: Option<&ControlReport
                 c.latency.p99_ms,
                 c.latency.samples,
                 format!(
-                    "the agent's map sync of the changed service (`MapSync::sync_services`) into the kernel maps, in-process; {} per service",
+                    "the agent's map sync of the changed service (`MapSync::sync_table_services`) into the kernel maps, in-process; {} per service",
                     per_service(&c.shape)
                 ),
             )
