@@ -17,6 +17,7 @@ use dataplane_core::{explain, model};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
+    dataplane_agent::memory::configure();
     let cli = Cli::parse();
     telemetry::init(cli.log_format);
     match run(cli) {
