@@ -224,13 +224,10 @@ fn route(
         (&Method::GET, None) => {
             let (labels, fields) = selectors(rec)?;
             let st = shared.state();
-            let matching: Vec<Value> = st
-                .list(rt, (!t.all_namespaces).then_some(ns))
-                .iter()
-                .filter(|o| labels.matches(o) && fields.matches(o))
-                .map(|o| present(o, av))
-                .collect();
-            let (page, next) = page(rec, matching)?;
+            let matching = st
+                .iter(rt, (!t.all_namespaces).then_some(ns))
+                .filter(|o| labels.matches(o) && fields.matches(o));
+            let (page, next) = page(rec, matching, |o| present(o, av))?;
             let mut metadata = json!({"resourceVersion": st.rv.to_string()});
             if let Some(offset) = next {
                 metadata["continue"] = json!(offset.to_string());
@@ -333,7 +330,11 @@ fn route(
 /// One page of a list: `limit` items from the offset in `continue` (the token is the offset; a
 /// page is not a consistent snapshot with the pages before it, unlike etcd's). Returns the
 /// page and the next page's token.
-fn page(rec: &RecordedRequest, items: Vec<Value>) -> Result<(Vec<Value>, Option<usize>), ApiError> {
+fn page<'v>(
+    rec: &RecordedRequest,
+    items: impl Iterator<Item = &'v Value>,
+    present: impl Fn(&Value) -> Value,
+) -> Result<(Vec<Value>, Option<usize>), ApiError> {
     let number = |key: &str| -> Result<Option<usize>, ApiError> {
         rec.param(key)
             .filter(|v| !v.is_empty())
@@ -345,13 +346,14 @@ fn page(rec: &RecordedRequest, items: Vec<Value>) -> Result<(Vec<Value>, Option<
     };
     let offset = number("continue")?.unwrap_or(0);
     let limit = number("limit")?.filter(|&l| l > 0);
-    let rest = items.into_iter().skip(offset);
+    // Only the page is copied: a client paging through a large list costs a walk of the
+    // store per page, not a copy of it.
+    let mut rest = items.skip(offset);
     match limit {
-        None => Ok((rest.collect(), None)),
+        None => Ok((rest.map(present).collect(), None)),
         Some(limit) => {
-            let mut rest = rest.peekable();
-            let page: Vec<Value> = rest.by_ref().take(limit).collect();
-            let next = rest.peek().is_some().then_some(offset + limit);
+            let page: Vec<Value> = rest.by_ref().take(limit).map(present).collect();
+            let next = rest.next().is_some().then_some(offset + limit);
             Ok((page, next))
         }
     }

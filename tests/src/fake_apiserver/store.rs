@@ -545,14 +545,20 @@ impl State {
 
     /// Objects of a resource, in one namespace or all, ordered by namespace and name.
     pub(crate) fn list(&self, rt: &ResourceType, ns: Option<&str>) -> Vec<Value> {
-        let Some(bucket) = self.bucket(rt) else {
-            return Vec::new();
-        };
-        bucket
-            .iter()
-            .filter(|((n, _), _)| ns.is_none_or(|ns| ns == n))
-            .map(|(_, s)| s.obj.clone())
-            .collect()
+        self.iter(rt, ns).cloned().collect()
+    }
+
+    /// [`State::list`] without copying: a list request presents only the page it returns.
+    pub(crate) fn iter<'s>(
+        &'s self,
+        rt: &ResourceType,
+        ns: Option<&'s str>,
+    ) -> impl Iterator<Item = &'s Value> + 's {
+        self.bucket(rt)
+            .into_iter()
+            .flatten()
+            .filter(move |((n, _), _)| ns.is_none_or(|ns| ns == n))
+            .map(|(_, s)| &s.obj)
     }
 
     /// Appends a change to the history (dropping the oldest beyond the limit) and wakes watches.
