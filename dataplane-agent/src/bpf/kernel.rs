@@ -140,6 +140,24 @@ fn absent_ok(r: Result<(), MapError>) -> Result<(), MapError> {
     }
 }
 
+/// Every entry of a hash map (entries that vanish while iterating are skipped).
+fn collect<K: aya::Pod + Ord, V: aya::Pod>(
+    map: &HashMap<MapData, K, V>,
+    name: &'static str,
+) -> Result<BTreeMap<K, V>, KernelMapError> {
+    let mut out = BTreeMap::new();
+    for kv in map.iter() {
+        match kv {
+            Ok((k, v)) => {
+                out.insert(k, v);
+            }
+            Err(MapError::KeyNotFound) => continue,
+            Err(source) => return Err(KernelMapError::Read { name, source }),
+        }
+    }
+    Ok(out)
+}
+
 impl KernelMaps {
     /// Opens the maps pinned in `maps_dir` (`<pin dir>/maps`).
     pub fn open_pinned(maps_dir: &Path) -> Result<Self, KernelMapError> {
@@ -215,32 +233,21 @@ impl KernelMaps {
     /// Reads every map but the slot array and the counters (what adoption needs; the slots
     /// are read per frontend). Entries that vanish while iterating are skipped.
     pub fn read_entries(&self) -> Result<MapContents, KernelMapError> {
-        fn collect<K: aya::Pod + Ord, V: aya::Pod>(
-            map: &HashMap<MapData, K, V>,
-            name: &'static str,
-        ) -> Result<BTreeMap<K, V>, KernelMapError> {
-            let mut out = BTreeMap::new();
-            for kv in map.iter() {
-                match kv {
-                    Ok((k, v)) => {
-                        out.insert(k, v);
-                    }
-                    Err(MapError::KeyNotFound) => continue,
-                    Err(source) => return Err(KernelMapError::Read { name, source }),
-                }
-            }
-            Ok(out)
-        }
+        let mut contents = self.read_frontends()?;
+        contents.affinity_match = collect(&self.affinity_match, map_names::AFFINITY_MATCH)?
+            .into_keys()
+            .collect();
+        Ok(contents)
+    }
+
+    /// The frontends, their names and the cluster names.
+    fn read_frontends(&self) -> Result<MapContents, KernelMapError> {
         Ok(MapContents {
             frontends4: collect(&self.fe4, map_names::FRONTENDS4)?,
             frontends6: collect(&self.fe6, map_names::FRONTENDS6)?,
-            slots: BTreeMap::new(),
-            affinity_match: collect(&self.affinity_match, map_names::AFFINITY_MATCH)?
-                .into_keys()
-                .collect(),
-            counters: BTreeMap::new(),
             names: collect(&self.names, map_names::FRONTEND_NAMES)?,
             clusters: collect(&self.clusters, map_names::CLUSTER_NAMES)?,
+            ..MapContents::default()
         })
     }
 
@@ -260,7 +267,38 @@ impl KernelMaps {
                     contents.slots.insert(i, slot);
                 }
             }
-            let per_cpu = match self.counters.get(&fe.id, 0) {
+        }
+        self.read_counters(&mut contents)?;
+        Ok(contents)
+    }
+
+    /// What the metrics encode: the frontends with their names and counters, and how many
+    /// affinity matches there are. No slot and no affinity match is copied: at 10,000 services
+    /// the slots alone are a million entries, and the metrics are read every few seconds.
+    pub fn read_for_metrics(&self) -> Result<(MapContents, usize), KernelMapError> {
+        let mut contents = self.read_frontends()?;
+        self.read_counters(&mut contents)?;
+        let mut affinity_matches = 0;
+        for key in self.affinity_match.keys() {
+            match key {
+                Ok(_) => affinity_matches += 1,
+                Err(MapError::KeyNotFound) => continue,
+                Err(source) => {
+                    return Err(KernelMapError::Read {
+                        name: map_names::AFFINITY_MATCH,
+                        source,
+                    });
+                }
+            }
+        }
+        Ok((contents, affinity_matches))
+    }
+
+    /// Adds each frontend's counters, summed over CPUs, where any is non-zero.
+    fn read_counters(&self, contents: &mut MapContents) -> Result<(), KernelMapError> {
+        let ids: Vec<u32> = contents.frontends().map(|(_, f)| f.id).collect();
+        for id in ids {
+            let per_cpu = match self.counters.get(&id, 0) {
                 Ok(v) => v,
                 Err(MapError::KeyNotFound) => continue,
                 Err(source) => {
@@ -277,10 +315,10 @@ impl KernelMaps {
                 sum.rejects += c.rejects;
             }
             if sum != Counters::default() {
-                contents.counters.insert(fe.id, sum);
+                contents.counters.insert(id, sum);
             }
         }
-        Ok(contents)
+        Ok(())
     }
 
     /// Applies a run of updates of one map (`ops[..n]`, all of `ops[0]`'s kind and batchable)

@@ -369,7 +369,7 @@ struct PinnedMaps {
 impl MapSource for PinnedMaps {
     fn read(&self) -> Option<MapReading> {
         let maps = KernelMaps::open_pinned(&self.pin_dir.join("maps")).ok()?;
-        let contents = maps.read_all().ok()?;
+        let (contents, affinity_matches) = maps.read_for_metrics().ok()?;
         let capacities = maps.capacities();
         let mut frontends = inspect::rows(&contents);
         for f in &mut frontends {
@@ -380,11 +380,11 @@ impl MapSource for PinnedMaps {
         let maps = MapKind::ALL
             .iter()
             .map(|&kind| {
-                (
-                    kind.map_name(),
-                    contents.len(kind) as i64,
-                    i64::from(capacities.of(kind)),
-                )
+                let used = match kind {
+                    MapKind::AffinityMatch => affinity_matches,
+                    _ => contents.len(kind),
+                };
+                (kind.map_name(), used as i64, i64::from(capacities.of(kind)))
             })
             .collect();
         Some(MapReading { frontends, maps })
