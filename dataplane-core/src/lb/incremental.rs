@@ -169,6 +169,14 @@ struct ServiceState {
     refused: Vec<(AddressUse, Refusal)>,
 }
 
+/// The VIPs `service` owns in the table, as `services` remembers them.
+fn vips_of<'m>(
+    services: &'m HashMap<NamespacedName, ServiceState>,
+    service: &NamespacedName,
+) -> &'m [IpAddr] {
+    services.get(service).map(|s| &s.vips[..]).unwrap_or(&[])
+}
+
 /// Every IP the imports list, sorted, unique.
 fn listed_ips(imports: &[Arc<Converted<ImportRecord>>]) -> Vec<IpAddr> {
     let mut ips: Vec<IpAddr> = imports
@@ -251,12 +259,7 @@ impl LbState {
         // Every old entry of the rebuilt services goes before any new one comes in (a VIP may
         // move from one of them to another).
         for service in &rebuild {
-            for ip in self
-                .services
-                .get(service)
-                .map(|s| &s.vips[..])
-                .unwrap_or(&[])
-            {
+            for ip in vips_of(&self.services, service) {
                 let lo = FrontendAddr {
                     ip: *ip,
                     port: 0,
@@ -376,8 +379,9 @@ where
 {
     state: &'s mut LbState,
     /// Sorted.
-    rebuild: std::vec::IntoIter<NamespacedName>,
     services: Vec<NamespacedName>,
+    /// How many of `services` were taken.
+    taken: usize,
     inputs: F,
     builder: PartBuilder,
     warnings_changed: bool,
@@ -390,19 +394,14 @@ where
     fn new(state: &'s mut LbState, rebuild: Vec<NamespacedName>, inputs: F) -> Self {
         // Every old VIP of the rebuilt services goes before any new one comes in.
         for service in &rebuild {
-            for ip in state
-                .services
-                .get(service)
-                .map(|s| &s.vips[..])
-                .unwrap_or(&[])
-            {
+            for ip in vips_of(&state.services, service) {
                 state.table.vips.remove(ip);
             }
         }
         Parts {
             state,
-            services: rebuild.clone(),
-            rebuild: rebuild.into_iter(),
+            services: rebuild,
+            taken: 0,
             inputs,
             builder: PartBuilder::default(),
             warnings_changed: false,
@@ -453,7 +452,7 @@ where
     type Item = (NamespacedName, ServicePart);
 
     fn next(&mut self) -> Option<Self::Item> {
-        let Some(service) = self.rebuild.next() else {
+        let Some(service) = self.services.get(self.taken).cloned() else {
             if std::mem::take(&mut self.warnings_changed) {
                 let mut all: Vec<LbWarning> = self
                     .state
@@ -470,6 +469,7 @@ where
         let part = self
             .builder
             .build((self.inputs)(&service), &self.state.policy);
+        self.taken += 1;
         self.file(&service, &part);
         Some((service, part))
     }
