@@ -70,9 +70,12 @@ pub struct DataplaneArgs {
     /// Capacity of each reverse-translation LRU (one entry per translated socket and backend).
     #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_REVNAT)]
     pub max_revnat: u32,
-    /// Capacity of the connected-socket reverse map (translated TCP and connected UDP sockets
-    /// open at once; sockets past it keep their entry in socket storage, which is slower).
-    #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_CONNECTED)]
+    /// Entries of the connected-socket reverse map, rounded up to a power of two (48 bytes
+    /// each). A translated TCP or connected UDP socket uses entry `cookie mod size`; when another
+    /// open socket holds it, the socket keeps its entry in socket storage, which is slower to
+    /// create. Size it well above the sockets open at once. Fixed while the map stays pinned.
+    #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_CONNECTED,
+          value_parser = clap::value_parser!(u32).range(1..=16_777_216))]
     pub max_connected: u32,
     /// Most verbose eBPF log level forwarded to the agent's log: 0 off, 1 error, 2 warn, 3 info, 4 debug, 5 trace.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(0..=5))]

@@ -15,8 +15,8 @@
 //! | `MCS_COUNTERS` | per-CPU array | frontend id → [`Counters`] | programs |
 //! | `MCS_AFFINITY` | LRU hash | [`AffinityKey`] → [`AffinityValue`] | programs |
 //! | `MCS_AFF_MATCH` | hash | [`AffinityMatchKey`] → 1 | agent |
-//! | `MCS_CONN_REVNAT` | hash (preallocated) | socket cookie → [`SockRevNat`] | programs (connect; `sock_release` deletes) |
-//! | `MCS_SK_REVNAT` | socket storage | socket → [`SockRevNat`] | programs (connect, when `MCS_CONN_REVNAT` is full) |
+//! | `MCS_CONN_REVNAT` | array | socket cookie mod size → [`ConnRevNat`] | programs (connect claims; `sock_release` frees) |
+//! | `MCS_SK_REVNAT` | socket storage | socket → [`SockRevNat`] | programs (connect, when the socket's `MCS_CONN_REVNAT` entry is taken) |
 //! | `MCS_REVNAT4/6` | LRU hash | [`RevNatKey4`] / [`RevNatKey6`] → VIP | programs (sendmsg) |
 //! | `MCS_FE_NAMES` | hash | frontend id → [`FrontendName`] | agent (for `inspect`) |
 //! | `MCS_CLUSTERS` | hash | cluster id → [`ClusterName`] | agent (for `inspect`) |
@@ -26,17 +26,21 @@
 //! UDP) and reads one slot: `MCS_SLOTS[base + index]`, which holds the backend's address and
 //! port. Two lookups, one of them an array read.
 //!
-//! A translated connect (TCP, or UDP `connect`) then records the socket's reverse entry under
-//! its cookie in `MCS_CONN_REVNAT`, which `getpeername` and a connected socket's `recvmsg` read
-//! back; the `sock_release` program deletes it when the socket is closed. Cookies are never
-//! reused while the system runs, so an entry is never read by another socket. When the map is
-//! full, the entry goes into the socket's own storage instead (`MCS_SK_REVNAT`, exact too, but
-//! an allocation and memcg charge per socket, which is why it is not the first choice). No
-//! entry is evicted either way: a translated socket reports its VIP for as long as it lives.
-//! The map is preallocated: a deleted element is reused at once, which is safe here because
-//! only the socket's own calls look its cookie up, and its entry is deleted only when the
-//! socket is released, after the last of them.
-//!
+//! A translated connect (TCP, or UDP `connect`) then records the socket's reverse entry, which
+//! `getpeername` and a connected socket's `recvmsg` read back. Its place is fixed by the
+//! socket's cookie: entry `cookie mod size` of the array `MCS_CONN_REVNAT` (the size is a power
+//! of two, held in a `.rodata` constant that the loader sets from the map's). The connect claims the entry with one
+//! compare-and-swap of its `cookie` field from 0 to the socket's cookie, then writes the
+//! translation; readers use the entry only when its cookie is theirs; the `sock_release`
+//! program swaps the cookie back to 0. An array lookup is inlined by the verifier and takes no
+//! lock or allocation, which is why this is the first tier. Cookies are never reused while the
+//! system runs, so an entry is never read by another socket. When the entry is held by another
+//! live socket (whose cookie is congruent modulo the size), the translation goes into the
+//! socket's own storage instead (`MCS_SK_REVNAT`, exact too, but an allocation and memcg
+//! charge per socket). No entry is evicted either way: a translated socket reports its VIP for
+//! as long as it lives. An entry of a socket closed while no `sock_release` program was
+//! attached stays claimed; it only sends the sockets that share its index to socket storage.
+
 //! # Datapath invariants (kept by the agent's map sync, relied on by the programs)
 //!
 //! 1. A frontend's backends are the slots `base..base + count` of `MCS_SLOTS`, and each of them
@@ -63,7 +67,10 @@
 ///   counters; full (untruncated) names; socket-local reverse entries for connected sockets.
 /// - 3: connected sockets' reverse entries in a hash by socket cookie (`MCS_CONN_REVNAT`),
 ///   deleted by the `sock_release` program; socket storage only when that map is full.
-pub const PIN_VERSION: u32 = 3;
+/// - 4: `MCS_CONN_REVNAT` is an array indexed by `cookie mod size`, claimed by compare-and-swap
+///   ([`ConnRevNat`]); socket storage when the socket's entry is held by another socket.
+///   A `.rodata` constant (`MCS_CONN_SLOTS`) holds the array's size.
+pub const PIN_VERSION: u32 = 4;
 
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
@@ -128,8 +135,11 @@ pub mod defaults {
     pub const MAX_SLOTS: u32 = 262144;
     pub const MAX_AFFINITY: u32 = 65536;
     pub const MAX_REVNAT: u32 = 131072;
-    /// Connected translated sockets open at once with their entry in `MCS_CONN_REVNAT`; the
-    /// ones past it keep theirs in socket storage (slower to create, never refused).
+    /// Entries of `MCS_CONN_REVNAT`, one per `cookie mod size` (the loader rounds the size up
+    /// to a power of two). A connected translated socket
+    /// whose entry is held by another open socket keeps its translation in socket storage
+    /// (slower to create, never refused); so size it well above the connected sockets open at
+    /// once on the node.
     pub const MAX_CONNECTED: u32 = 65536;
     /// Member clusters the cluster-name map can name at once (ids `1..=MAX_CLUSTERS`, kept in
     /// a `u16` in every slot).
@@ -259,9 +269,9 @@ pub struct RevNatValue6 {
     pub _pad: u16,
 }
 
-/// The reverse translation of a connected socket (TCP, or UDP after `connect`), kept under the
-/// socket's cookie in `MCS_CONN_REVNAT` (or, when that map is full, in the socket's own storage,
-/// `MCS_SK_REVNAT`). A connected socket has one peer, so one entry answers `getpeername` and
+/// The reverse translation of a connected socket (TCP, or UDP after `connect`), kept in its
+/// [`ConnRevNat`] entry of `MCS_CONN_REVNAT` (or, when that entry is held by another socket, in
+/// the socket's own storage, `MCS_SK_REVNAT`). A connected socket has one peer, so one entry answers `getpeername` and
 /// the socket's `recvmsg`. Addresses as in [`Slot`]: IPv4 in word 0.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -275,6 +285,20 @@ pub struct SockRevNat {
     pub family: u8,
     pub _pad: [u8; 3],
 }
+
+/// One entry of `MCS_CONN_REVNAT`, at index `cookie mod size`: free when `cookie == 0`, else the
+/// reverse translation of the open socket with that cookie (cookies start at 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnRevNat {
+    /// Claimed by `connect` with a compare-and-swap from 0, set back to 0 by `sock_release`.
+    pub cookie: u64,
+    pub rev: SockRevNat,
+}
+
+/// Name of the `.rodata` constant that holds the number of entries of `MCS_CONN_REVNAT`; the
+/// loader sets it to the map's size, so the programs index exactly the entries that exist.
+pub const CONN_SLOTS_GLOBAL: &str = "MCS_CONN_SLOTS";
 
 /// Per-CPU counters of one frontend.
 #[repr(C)]
@@ -383,7 +407,8 @@ mod pod {
         Counters,
         FrontendName,
         ClusterName,
-        SockRevNat
+        SockRevNat,
+        ConnRevNat
     );
 }
 
@@ -408,6 +433,7 @@ mod tests {
         assert_eq!(size_of::<RevNatValue6>(), 20);
         assert_eq!(size_of::<Counters>(), 24);
         assert_eq!(size_of::<SockRevNat>(), 40);
+        assert_eq!(size_of::<ConnRevNat>(), 48);
         assert_eq!(size_of::<FrontendName>(), 2 * LABEL_LEN + NAME_LEN);
         assert_eq!(size_of::<ClusterName>(), LABEL_LEN);
     }

@@ -16,6 +16,15 @@
 //! The map layouts and invariants are documented in `lib.rs`.
 #![no_std]
 #![no_main]
+// `atomic_cxchg`: the bpfel target has no `AtomicU64::compare_exchange` (its spec lists no
+// CAS), but the kernel has BPF_CMPXCHG (cpu v3), which LLVM emits for the intrinsic.
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
+
+use core::{
+    intrinsics::{AtomicOrdering, atomic_cxchg},
+    ptr::{addr_of_mut, read_volatile},
+};
 
 use aya_ebpf::{
     EbpfContext,
@@ -30,11 +39,11 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use dataplane_ebpf::{
-    AF_INET, AF_INET6, AffinityKey, AffinityMatchKey, AffinityValue, ClusterName, Counters,
-    ECONNREFUSED, ENOMEM, FRONTEND_F_AFFINITY, FRONTEND_F_WILDCARD, Frontend, FrontendKey4,
-    FrontendKey6, FrontendName, IPPROTO_TCP, IPPROTO_UDP, RevNatKey4, RevNatKey6, RevNatValue4,
-    RevNatValue6, Slot, SockRevNat, affinity_fresh, cookie_hash, defaults, ip6_mapped_v4,
-    ip6_v4_mapped, pick_slot,
+    AF_INET, AF_INET6, AffinityKey, AffinityMatchKey, AffinityValue, ClusterName, ConnRevNat,
+    Counters, ECONNREFUSED, ENOMEM, FRONTEND_F_AFFINITY, FRONTEND_F_WILDCARD, Frontend,
+    FrontendKey4, FrontendKey6, FrontendName, IPPROTO_TCP, IPPROTO_UDP, RevNatKey4, RevNatKey6,
+    RevNatValue4, RevNatValue6, Slot, SockRevNat, affinity_fresh, cookie_hash, defaults,
+    ip6_mapped_v4, ip6_v4_mapped, pick_slot,
 };
 
 /// Elements are allocated on write and freed after an RCU grace period, so a concurrent reader
@@ -60,12 +69,16 @@ static SLOTS: Array<Slot, MAX_SLOTS> = Array::new();
 static AFFINITY: LruHashMap<AffinityKey, AffinityValue, MAX_AFFINITY> = LruHashMap::new();
 #[btf_map(name = "MCS_AFF_MATCH")]
 static AFFINITY_MATCH: HashMap<AffinityMatchKey, u32, MAX_SLOTS, NO_PREALLOC> = HashMap::new();
-/// Reverse translation of connected sockets, by socket cookie; removed when the socket is
-/// released.
+/// Reverse translation of connected sockets, at `cookie mod MCS_CONN_SLOTS`; freed when the
+/// socket is released.
 #[btf_map(name = "MCS_CONN_REVNAT")]
-static CONN_REVNAT: HashMap<u64, SockRevNat, MAX_CONNECTED> = HashMap::new();
-/// The same for connected sockets that did not fit in `MCS_CONN_REVNAT`, in the socket itself
-/// (freed with it).
+static CONN_REVNAT: Array<ConnRevNat, MAX_CONNECTED> = Array::new();
+/// The number of entries of `MCS_CONN_REVNAT`, a power of two (`.rodata`, set by the loader to
+/// the map's size; read with `read_volatile` so that the compiler does not fold the default in).
+#[unsafe(no_mangle)]
+static MCS_CONN_SLOTS: u32 = defaults::MAX_CONNECTED;
+/// The same for connected sockets whose `MCS_CONN_REVNAT` entry was held by another socket, in
+/// the socket itself (freed with it).
 #[btf_map(name = "MCS_SK_REVNAT")]
 static SOCK_REVNAT: SkStorage<SockRevNat> = SkStorage::new();
 /// Reverse translation of unconnected UDP sockets, per (socket, backend).
@@ -339,6 +352,16 @@ fn remember(key: &AffinityKey, now: u64, addr: [u32; 4], port: u16) {
     let _ = AFFINITY.insert(key, &value, 0);
 }
 
+/// The `MCS_CONN_REVNAT` entry of a socket cookie (held by that socket or not).
+#[inline(always)]
+fn conn_entry(cookie: u64) -> Option<*mut ConnRevNat> {
+    // SAFETY: a plain read of a `.rodata` constant.
+    let slots = unsafe { read_volatile(&MCS_CONN_SLOTS) };
+    // A mask, not a 64-bit division. Were the size not a power of two, the entries past the
+    // mask would go unused, and the array's bounds check still holds.
+    CONN_REVNAT.get_ptr_mut((cookie as u32) & slots.wrapping_sub(1))
+}
+
 /// Which hook translates: `connect` (the socket gets one peer) or `sendmsg` (one datagram of
 /// an unconnected UDP socket).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -370,11 +393,24 @@ fn record<F: Family>(
             family: F::FAMILY,
             _pad: [0; 3],
         };
-        // A cookie is never reused, so an entry can only be this socket's. The insert
-        // allocates from a per-CPU cache; the socket's storage costs a kmalloc and a memcg
+        // The entry is this socket's once its cookie is there: claimed now, or by an earlier
+        // connect of the same (UDP) socket. The socket's storage costs a kmalloc and a memcg
         // charge on every new socket, so it is the fallback only.
-        if CONN_REVNAT.insert(&cookie, &value, 0).is_ok() {
-            return Ok(());
+        if let Some(entry) = conn_entry(cookie) {
+            // SAFETY: a pointer into the array's value, valid for the program's run; the
+            // cookie field is only ever changed atomically.
+            let (held_by, _) = unsafe {
+                atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                    addr_of_mut!((*entry).cookie),
+                    0,
+                    cookie,
+                )
+            };
+            if held_by == 0 || held_by == cookie {
+                // SAFETY: as above; only this socket's calls write an entry it holds.
+                unsafe { (*entry).rev = value };
+                return Ok(());
+            }
         }
         let entry = unsafe { SOCK_REVNAT.get_or_insert_ptr_mut(ctx, None) };
         if entry.is_null() {
@@ -456,9 +492,13 @@ fn reverse<F: Family>(
     if unconnected_too && !connected(ctx) {
         return F::rev_lookup(cookie, addr, port);
     }
-    let entry = match unsafe { CONN_REVNAT.get(&cookie) } {
-        Some(e) => e as *const SockRevNat,
-        None => unsafe { SOCK_REVNAT.get_ptr_mut(ctx) },
+    let entry = match conn_entry(cookie) {
+        // SAFETY: a pointer into the array's value; a torn read is impossible for the socket
+        // that holds the entry, as only its own calls write it.
+        Some(e) if unsafe { read_volatile(addr_of_mut!((*e).cookie)) } == cookie => unsafe {
+            addr_of_mut!((*e).rev)
+        },
+        _ => unsafe { SOCK_REVNAT.get_ptr_mut(ctx) },
     };
     if !entry.is_null() {
         // SAFETY: a non-null pointer to this socket's value, from the map or its storage.
@@ -616,8 +656,8 @@ pub fn getpeername6(ctx: SockAddrContext) -> i32 {
     reverse6(&ctx, false)
 }
 
-/// Socket release: forgets the socket's connected entry. Sockets that have none (most) cost
-/// one lookup; the bucket lock is taken only for the ones that do.
+/// Socket release: frees the socket's `MCS_CONN_REVNAT` entry if it holds it (one inlined
+/// array read for the sockets that do not). Socket storage frees itself.
 #[cgroup_sock(sock_release)]
 pub fn sock_release(ctx: SockContext) -> i32 {
     let sk: &bpf_sock = unsafe { &*ctx.sock };
@@ -625,8 +665,15 @@ pub fn sock_release(ctx: SockContext) -> i32 {
         return ALLOW;
     }
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    if unsafe { CONN_REVNAT.get(&cookie) }.is_some() {
-        let _ = CONN_REVNAT.remove(&cookie);
+    if let Some(entry) = conn_entry(cookie) {
+        // SAFETY: a pointer into the array's value; frees the entry only if it is ours.
+        unsafe {
+            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                addr_of_mut!((*entry).cookie),
+                cookie,
+                0,
+            )
+        };
     }
     ALLOW
 }

@@ -48,12 +48,28 @@ pub fn parse(stdout: &str, stderr: &str) -> anyhow::Result<Vec<Attempt>> {
             done = true;
             continue;
         }
+        if line.contains("\"holding\"") {
+            continue;
+        }
         attempts.push(serde_json::from_str(line).with_context(|| format!("probe line {line:?}"))?);
     }
     if !done {
         bail!("mcs-probe did not finish: {stderr}");
     }
     Ok(attempts)
+}
+
+/// `getpeername()` of every socket `mcs-probe --hold` held, read again after all its attempts.
+pub fn held_peers(stdout: &str) -> anyhow::Result<Vec<Option<String>>> {
+    #[derive(Deserialize)]
+    struct Done {
+        held_peers: Vec<Option<String>>,
+    }
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("\"held_peers\""))
+        .context("mcs-probe printed no held_peers (was it run with --hold?)")?;
+    Ok(serde_json::from_str::<Done>(line)?.held_peers)
 }
 
 /// How many attempts each cluster answered, with failures counted under `error:<errno>`.

@@ -10,6 +10,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use aya::maps::{Array, Map, MapData};
+use dataplane_ebpf::{ConnRevNat, map_names};
 use tests::{
     agent::{Agent, frontend, inspect},
     netns::Topology,
@@ -39,8 +41,13 @@ fn start_node(topo: &Topology, input: &Path, extra: &[&str]) -> Agent {
 
 /// Starts the agent on a fixture and waits until the maps hold its `frontends` entries.
 fn node_on(topo: &Topology, fixture: &str, frontends: usize) -> Agent {
+    node_on_with(topo, fixture, frontends, &[])
+}
+
+/// [`node_on`] with extra agent flags.
+fn node_on_with(topo: &Topology, fixture: &str, frontends: usize, extra: &[&str]) -> Agent {
     let input = input_dir(topo, fixture);
-    let mut agent = start_node(topo, &input, &[]);
+    let mut agent = start_node(topo, &input, extra);
     agent
         .wait_for(
             &format!("the {fixture} fixture in the maps"),
@@ -243,6 +250,10 @@ fn udp_replies_come_from_the_vip() {
 /// Starts four backends (a and b, hosts 10 and 11) on every port of the `ports` fixture and the
 /// agent on it, and waits for its 9 frontends.
 fn ports_topology() -> (Topology, Agent) {
+    ports_topology_with(&[])
+}
+
+fn ports_topology_with(extra: &[&str]) -> (Topology, Agent) {
     let mut topo = Topology::new(&["a", "b"]).unwrap();
     for c in ["a", "b"] {
         for h in [10, 11] {
@@ -250,8 +261,89 @@ fn ports_topology() -> (Topology, Agent) {
                 .unwrap();
         }
     }
-    let agent = node_on(&topo, "ports", 9);
+    let agent = node_on_with(&topo, "ports", 9, extra);
     (topo, agent)
+}
+
+/// Every entry of the pinned `MCS_CONN_REVNAT` array.
+fn connected_entries(pin_dir: &Path) -> Vec<ConnRevNat> {
+    let pin = pin_dir.join("maps").join(map_names::CONN_REVNAT);
+    let data = MapData::from_pin(&pin).expect("MCS_CONN_REVNAT pin");
+    let array: Array<MapData, ConnRevNat> = Array::try_from(Map::Array(data)).expect("an array");
+    (0..array.len())
+        .map(|i| array.get(&i, 0).expect("entry"))
+        .collect()
+}
+
+/// More connected sockets open at once than `MCS_CONN_REVNAT` has entries: the ones whose
+/// entry another socket holds keep their translation in socket storage, so every socket,
+/// read again after all of them are open, still reports the VIP; the held entries carry the
+/// VIP; and `sock_release` frees every entry once the sockets are closed.
+#[test]
+fn connected_sockets_past_their_map_entry_keep_the_vip_and_release_frees_it() {
+    require_root!();
+    let (topo, _agent) = ports_topology_with(&["--max-connected", "3"]);
+    let vip = u32::from_ne_bytes([241, 0, 0, 10]);
+    let port = 80u16.to_be();
+    assert_eq!(
+        connected_entries(&topo.pin_dir).len(),
+        4,
+        "--max-connected is rounded up to a power of two"
+    );
+
+    let mut probe = topo
+        .probe_command("tcp", "241.0.0.10:80", &["--count", "20", "--hold"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn mcs-probe");
+    let mut stdout = BufReader::new(probe.stdout.take().expect("stdout"));
+    let mut out = String::new();
+    while !out.contains("\"holding\"") {
+        let before = out.len();
+        stdout.read_line(&mut out).expect("probe output");
+        assert!(out.len() > before, "mcs-probe exited early: {out}");
+    }
+    let held: Vec<ConnRevNat> = connected_entries(&topo.pin_dir)
+        .into_iter()
+        .filter(|e| e.cookie != 0)
+        .collect();
+    drop(probe.stdin.take());
+    std::io::Read::read_to_string(&mut stdout, &mut out).expect("probe output");
+    let status = probe.wait().expect("probe exit");
+    assert!(status.success(), "{out}");
+
+    assert!(
+        !held.is_empty(),
+        "20 open sockets claim an entry of a 4-entry map"
+    );
+    for e in &held {
+        assert_eq!(
+            (e.rev.vip[0], e.rev.vip_port, e.rev.family),
+            (vip, port, dataplane_ebpf::AF_INET),
+            "a held entry translates back to the VIP: {e:?}"
+        );
+    }
+    let attempts = probe::parse(&out, "").unwrap();
+    assert_eq!(attempts.len(), 20);
+    assert!(all_ok(&attempts), "{:?}", by_cluster(&attempts));
+    assert!(
+        attempts
+            .iter()
+            .all(|a| a.peer.as_deref() == Some("241.0.0.10:80")),
+        "getpeername right after connect must report the VIP"
+    );
+    let peers = probe::held_peers(&out).unwrap();
+    assert_eq!(peers.len(), 20);
+    assert!(
+        peers.iter().all(|p| p.as_deref() == Some("241.0.0.10:80")),
+        "getpeername with all sockets open must report the VIP: {peers:?}"
+    );
+    assert!(
+        connected_entries(&topo.pin_dir)
+            .iter()
+            .all(|e| e.cookie == 0),
+        "sock_release frees every entry"
+    );
 }
 
 /// Dual-stack sockets (AF_INET6, as Java and .NET open them) reach an IPv4 VIP through its

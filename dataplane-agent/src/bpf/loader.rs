@@ -31,11 +31,12 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
+    maps::MapInfo,
     programs::{
         CgroupAttachMode, Program, ProgramError, links::FdLink, links::PinnedLink, loaded_programs,
     },
 };
-use dataplane_ebpf::map_names;
+use dataplane_ebpf::{CONN_SLOTS_GLOBAL, map_names};
 use tracing::{info, warn};
 
 use super::{
@@ -419,6 +420,19 @@ pub fn install(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
     install_as_allowed(cfg).map_err(hint_privileges)
 }
 
+/// The size of `MCS_CONN_REVNAT`: the pinned map's when there is one (an agent restart reuses
+/// it, and the programs must index exactly its entries), else `max_connected` rounded up to a
+/// power of two (the programs index it with a mask).
+fn conn_revnat_size(maps_dir: &Path, max_connected: u32) -> u32 {
+    match MapInfo::from_pin(maps_dir.join(map_names::CONN_REVNAT)) {
+        Ok(info) => info.max_entries(),
+        Err(_) => max_connected
+            .max(1)
+            .checked_next_power_of_two()
+            .unwrap_or(1 << 31),
+    }
+}
+
 fn install_as_allowed(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
     if EBPF_OBJECT.is_empty() {
         return Err(LoadError::NoObject);
@@ -436,6 +450,7 @@ fn install_as_allowed(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
     let progs = cfg.pin_dir.join("progs");
     fs::create_dir_all(&progs).map_err(io("cannot create", &progs))?;
 
+    let conn_slots = conn_revnat_size(&maps_dir, cfg.max_connected);
     let mut loader = EbpfLoader::new();
     // BTF-defined maps carry no pinning attribute in aya-ebpf 0.2: pin each one by path. An
     // existing pin is reused as it is (an agent restart keeps the maps and their contents).
@@ -454,7 +469,8 @@ fn install_as_allowed(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
         .map_max_entries(map_names::AFFINITY, cfg.max_affinity)
         .map_max_entries(map_names::REVNAT4, cfg.max_revnat)
         .map_max_entries(map_names::REVNAT6, cfg.max_revnat)
-        .map_max_entries(map_names::CONN_REVNAT, cfg.max_connected)
+        .map_max_entries(map_names::CONN_REVNAT, conn_slots)
+        .override_global(CONN_SLOTS_GLOBAL, &conn_slots, true)
         .override_global("AYA_LOG_LEVEL", &cfg.bpf_log_level, false)
         .load(EBPF_OBJECT)?;
     // Must outlive the program loads: it holds the log ring buffer's fd.

@@ -1,11 +1,14 @@
 //! A test client: connects to an address and reports, per attempt, what answered.
 //!
 //! `mcs-probe [--netns NAME] [--cgroup DIR] [--count N] [--duration-ms D] [--interval-ms I]
-//! [--one-socket] MODE ADDR`
+//! [--one-socket] [--hold] MODE ADDR`
 //! MODE is `tcp`, `udp` (unconnected: sendto/recvfrom) or `udp-connected`. ADDR may be an
 //! IPv4-mapped IPv6 address (`[::ffff:241.0.0.10]:80`): the probe then uses an AF_INET6 socket,
 //! as dual-stack clients do. With `--one-socket` (`udp` only) every attempt sends from the
-//! same socket; otherwise each attempt opens its own.
+//! same socket; otherwise each attempt opens its own. With `--hold` (`tcp` only) every connected
+//! socket stays open: after the attempts the probe prints `{"holding":N}`, waits until its
+//! stdin closes (so a test can look at the maps meanwhile), then reads every held socket's
+//! `getpeername()` again into the last line, `{"done":true,"held_peers":[...]}`.
 //! It first moves itself into the cgroup (so the socket-LB programs apply to it) and then into
 //! the network namespace `/run/netns/NAME` (itself, not through `ip netns exec`, which remounts
 //! /sys and would hide the cgroup), then prints one JSON line per attempt (see
@@ -45,7 +48,12 @@ fn udp_socket(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     Ok(s)
 }
 
-fn attempt(mode: &str, addr: SocketAddr, shared: Option<&UdpSocket>) -> serde_json::Value {
+fn attempt(
+    mode: &str,
+    addr: SocketAddr,
+    shared: Option<&UdpSocket>,
+    held: Option<&mut Vec<TcpStream>>,
+) -> serde_json::Value {
     let start = now_us();
     let result: std::io::Result<(String, Option<String>, Option<String>)> = (|| match mode {
         "tcp" => {
@@ -54,6 +62,9 @@ fn attempt(mode: &str, addr: SocketAddr, shared: Option<&UdpSocket>) -> serde_js
             let peer = s.peer_addr().ok().map(|a| a.to_string());
             let mut reply = String::new();
             s.read_to_string(&mut reply)?;
+            if let Some(held) = held {
+                held.push(s);
+            }
             Ok((reply.trim().to_owned(), peer, None))
         }
         "udp" | "udp-connected" => {
@@ -103,6 +114,7 @@ fn main() {
     let mut duration = None;
     let mut interval = Duration::ZERO;
     let mut one_socket = false;
+    let mut hold = false;
     let mut positional = Vec::new();
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -116,6 +128,7 @@ fn main() {
                     .map(Duration::from_millis)
             }
             "--one-socket" => one_socket = true,
+            "--hold" => hold = true,
             "--interval-ms" => {
                 interval =
                     Duration::from_millis(args.next().and_then(|v| v.parse().ok()).unwrap_or(0))
@@ -125,7 +138,7 @@ fn main() {
     }
     let (Some(mode), Some(addr)) = (positional.first(), positional.get(1)) else {
         eprintln!(
-            "usage: mcs-probe [--cgroup DIR] [--count N] [--duration-ms D] [--interval-ms I] [--one-socket] tcp|udp|udp-connected ADDR"
+            "usage: mcs-probe [--cgroup DIR] [--count N] [--duration-ms D] [--interval-ms I] [--one-socket] [--hold] tcp|udp|udp-connected ADDR"
         );
         std::process::exit(2);
     };
@@ -173,9 +186,11 @@ fn main() {
     let started = Instant::now();
     let mut out = std::io::stdout().lock();
     let mut i = 0u64;
+    let mut held = Vec::new();
     // Bounded in count, and in time when a duration is given.
     while i < count && duration.is_none_or(|d| started.elapsed() < d) {
-        let mut line = attempt(mode, addr, shared.as_ref());
+        let hold_this = (hold && mode == "tcp").then_some(&mut held);
+        let mut line = attempt(mode, addr, shared.as_ref(), hold_this);
         line["i"] = json!(i);
         let _ = writeln!(out, "{line}");
         i += 1;
@@ -183,5 +198,17 @@ fn main() {
             std::thread::sleep(interval);
         }
     }
-    let _ = writeln!(out, "{}", json!({"done": true}));
+    if !hold {
+        let _ = writeln!(out, "{}", json!({"done": true}));
+        return;
+    }
+    let _ = writeln!(out, "{}", json!({"holding": held.len()}));
+    let _ = out.flush();
+    // Until stdin closes (or anything arrives on it).
+    let _ = std::io::stdin().read(&mut [0u8; 1]);
+    let held_peers: Vec<Option<String>> = held
+        .iter()
+        .map(|s| s.peer_addr().ok().map(|a| a.to_string()))
+        .collect();
+    let _ = writeln!(out, "{}", json!({"done": true, "held_peers": held_peers}));
 }
