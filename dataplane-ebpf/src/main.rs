@@ -362,6 +362,22 @@ fn conn_entry(cookie: u64) -> Option<*mut ConnRevNat> {
     CONN_REVNAT.get_ptr_mut((cookie as u32) & slots.wrapping_sub(1))
 }
 
+/// Sets the cookie that holds `entry` to `to` if it is `from`, atomically; returns the cookie
+/// that held it before (`from` when the swap happened).
+#[inline(always)]
+fn swap_holder(entry: *mut ConnRevNat, from: u64, to: u64) -> u64 {
+    // SAFETY: `entry` comes from `conn_entry`, a pointer into the array's value, valid for the
+    // program's run; the cookie field is only ever changed here.
+    unsafe {
+        atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+            addr_of_mut!((*entry).cookie),
+            from,
+            to,
+        )
+    }
+    .0
+}
+
 /// Which hook translates: `connect` (the socket gets one peer) or `sendmsg` (one datagram of
 /// an unconnected UDP socket).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -397,15 +413,7 @@ fn record<F: Family>(
         // connect of the same (UDP) socket. The socket's storage costs a kmalloc and a memcg
         // charge on every new socket, so it is the fallback only.
         if let Some(entry) = conn_entry(cookie) {
-            // SAFETY: a pointer into the array's value, valid for the program's run; the
-            // cookie field is only ever changed atomically.
-            let (held_by, _) = unsafe {
-                atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
-                    addr_of_mut!((*entry).cookie),
-                    0,
-                    cookie,
-                )
-            };
+            let held_by = swap_holder(entry, 0, cookie);
             if held_by == 0 || held_by == cookie {
                 // SAFETY: as above; only this socket's calls write an entry it holds.
                 unsafe { (*entry).rev = value };
@@ -666,14 +674,8 @@ pub fn sock_release(ctx: SockContext) -> i32 {
     }
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     if let Some(entry) = conn_entry(cookie) {
-        // SAFETY: a pointer into the array's value; frees the entry only if it is ours.
-        unsafe {
-            atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
-                addr_of_mut!((*entry).cookie),
-                cookie,
-                0,
-            )
-        };
+        // Frees the entry only if it is ours.
+        swap_holder(entry, cookie, 0);
     }
     ALLOW
 }
