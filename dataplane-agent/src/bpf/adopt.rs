@@ -131,7 +131,7 @@ impl MapSync {
                 broken: !whole,
             };
             sync.by_service.entry(service).or_default().push(addr);
-            sync.frontends.insert(addr, installed);
+            sync.install(addr, installed);
         }
         for list in sync.by_service.values_mut() {
             list.sort_unstable();

@@ -215,7 +215,7 @@ impl MapSync {
                 self.clusters.drop_ref(*c);
                 change.cluster_refs.push((*c, -1));
             }
-            self.frontends.remove(addr);
+            self.frontends.swap_remove(addr);
             change.was.push((*addr, Some(inst)));
         }
         if d.frontends.is_empty() {
@@ -412,7 +412,7 @@ impl MapSync {
             self.clusters.drop_ref(*c);
             change.cluster_refs.push((*c, -1));
         }
-        self.frontends.insert(addr, new);
+        self.install(addr, new);
         change.was.push((addr, old));
         Ok(())
     }
@@ -464,10 +464,10 @@ impl MapSync {
         for (addr, was) in change.was.into_iter().rev() {
             match was {
                 Some(i) => {
-                    self.frontends.insert(addr, i);
+                    self.install(addr, i);
                 }
                 None => {
-                    self.frontends.remove(&addr);
+                    self.frontends.swap_remove(&addr);
                 }
             }
         }

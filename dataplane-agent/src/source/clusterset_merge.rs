@@ -421,7 +421,7 @@ mod tests {
             .merge
             .endpoint_slices
             .iter()
-            .flat_map(|s| s.endpoints.list().iter().map(|e| e.addr.to_string()))
+            .flat_map(|s| s.endpoints.list().map(|e| e.addr.to_string()))
             .collect();
         assert!(imported.contains(&"10.99.2.10".to_owned()), "{imported:?}");
         assert!(!imported.contains(&"127.0.0.1".to_owned()), "{imported:?}");

@@ -28,6 +28,7 @@ use dataplane_core::{
     },
 };
 use foldhash::HashMap;
+use smallvec::SmallVec;
 
 /// The order that picks one of several definitions of an object: the smallest is used.
 pub trait Rank {
@@ -55,13 +56,17 @@ impl<V> Default for Before<V> {
     }
 }
 
+/// The definitions of one object. Nearly every object has one, kept inline: a list on the heap
+/// would cost a hundred bytes more per object, which at 60,000 objects is megabytes.
+type Definitions<V> = SmallVec<[Definition<V>; 1]>;
+
 /// Objects of one kind by the file that defines them.
 #[derive(Clone, Debug)]
 pub struct FileObjects<V> {
     /// What each file defines, in document order (an object defined twice in a file, twice).
     files: BTreeMap<FileName, Vec<NamespacedName>>,
     /// Every definition of each object, sorted by file and document.
-    definitions: HashMap<NamespacedName, Vec<Definition<V>>>,
+    definitions: HashMap<NamespacedName, Definitions<V>>,
 }
 
 impl<V> Default for FileObjects<V> {

@@ -389,7 +389,7 @@ mod tests {
                 }
                 Change::ImportDeleted(id) => ("import deleted", id.to_string(), String::new()),
                 Change::Slice(s) => {
-                    let ep = s.record.as_ref().and_then(|r| r.endpoints.list().first());
+                    let ep = s.record.as_ref().and_then(|r| r.endpoints.list().next());
                     (
                         "slice",
                         s.id.to_string(),

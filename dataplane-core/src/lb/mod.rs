@@ -357,14 +357,13 @@ fn build_import<'s>(
             let any_ready = serving.iter().any(|(s, _)| {
                 s.endpoints
                     .list()
-                    .iter()
-                    .any(|ep| ep.conditions.is_ready() && allowed(s, ep))
+                    .any(|ep| ep.conditions.is_ready() && allowed(s, &ep))
             });
             let mut backends: Vec<Backend> =
                 Vec::with_capacity(serving.iter().map(|(s, _)| s.endpoints.len()).sum());
             for (slice, target) in serving.iter() {
                 for ep in slice.endpoints.list() {
-                    let usable = allowed(slice, ep)
+                    let usable = allowed(slice, &ep)
                         && if any_ready {
                             ep.conditions.is_ready()
                         } else {

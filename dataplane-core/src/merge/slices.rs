@@ -146,7 +146,7 @@ pub(crate) fn build<E>(
             let mut index = 0usize;
             groups.sort_by(|a, b| a.0.cmp(&b.0));
             for (ports, locals) in groups {
-                let ports: Box<[SlicePort]> = ports.into_boxed_slice();
+                let ports: Arc<[SlicePort]> = ports.into();
                 for endpoints in chunks(&locals) {
                     index += 1;
                     let candidate = if index == 1 {

@@ -7,6 +7,8 @@ use std::{
     sync::{Arc, Mutex, PoisonError},
 };
 
+use super::records::SlicePort;
+
 /// A shared, immutable name. Equal names from one [`Interner`] share one allocation; names
 /// compare by content whatever their origin.
 pub type Name = Arc<str>;
@@ -17,9 +19,13 @@ pub type Name = Arc<str>;
 /// Names nothing else holds any more are dropped by [`Interner::purge`], which the sources
 /// call after a complete list, so the interner never grows beyond the names in use plus one
 /// list's worth of churn.
+///
+/// It also shares slices' port lists, which repeat across the clusters of a service and
+/// across services (`http`/80 is in most of them).
 #[derive(Debug, Default)]
 pub struct Interner {
     names: Mutex<HashSet<Name>>,
+    port_lists: Mutex<HashSet<Arc<[SlicePort]>>>,
 }
 
 impl Interner {
@@ -39,10 +45,30 @@ impl Interner {
         name
     }
 
-    /// Drops the names only the interner still holds.
+    /// The shared list for `ports`.
+    pub fn port_list(&self, ports: Vec<SlicePort>) -> Arc<[SlicePort]> {
+        let mut lists = self
+            .port_lists
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(list) = lists.get(&ports[..]) {
+            return Arc::clone(list);
+        }
+        let list: Arc<[SlicePort]> = Arc::from(ports);
+        lists.insert(Arc::clone(&list));
+        list
+    }
+
+    /// Drops the names and port lists only the interner still holds.
     pub fn purge(&self) {
         let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
         names.retain(|n| Arc::strong_count(n) > 1);
+        drop(names);
+        let mut lists = self
+            .port_lists
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        lists.retain(|l| Arc::strong_count(l) > 1);
     }
 
     /// How many names the interner holds.
@@ -74,5 +100,31 @@ mod tests {
         let _c = interner.intern("api");
         interner.purge();
         assert_eq!(interner.len(), 1, "only the held name stays");
+    }
+
+    #[test]
+    fn equal_port_lists_share_one_allocation_until_nobody_holds_it() {
+        let interner = Interner::new();
+        let port = |n: u16| SlicePort {
+            name: interner.intern("http"),
+            protocol: super::super::records::PortProtocol::Tcp,
+            port: n,
+            app_protocol: None,
+        };
+        let a = interner.port_list(vec![port(80)]);
+        let b = interner.port_list(vec![port(80)]);
+        let c = interner.port_list(vec![port(8080)]);
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert_eq!(c[0].port, 8080);
+        drop((a, b));
+        interner.purge();
+        let d = interner.port_list(vec![port(80)]);
+        assert_eq!(
+            Arc::strong_count(&d),
+            2,
+            "a fresh list: the old one was purged"
+        );
+        assert_eq!(Arc::strong_count(&c), 2, "the held list stays");
     }
 }

@@ -195,7 +195,7 @@ fn imported(out: &MergeOutput) -> Vec<(String, Vec<String>)> {
     out.endpoint_slices
         .iter()
         .map(|s| {
-            let addrs = s.endpoints.list().iter().map(|e| e.addr.to_string());
+            let addrs = s.endpoints.list().map(|e| e.addr.to_string());
             (s.cluster.to_string(), addrs.collect())
         })
         .collect()
