@@ -19,6 +19,7 @@ use dataplane_core::{
     merge::{ClusterSetConfig, ClusterSnapshot, DUPLICATE, Diagnostic, MemberChange},
     model::{
         ClusterId, Interner, NamespacedName,
+        by_id::Identified,
         member::{ExportRecord, LocalSlice, ServiceRecord},
         records::ImportRecord,
     },
@@ -136,10 +137,10 @@ impl ClusterFiles {
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (document, object) in objects {
             match object {
-                MemberObject::Service(s) => services.push((document, s.id.clone(), s)),
-                MemberObject::Export(e) => exports.push((document, e.id.clone(), e)),
-                MemberObject::Slice(s) => slices.push((document, s.id.clone(), s)),
-                MemberObject::Import(i) => imports.push((document, i.service.clone(), i)),
+                MemberObject::Service(s) => services.push((document, s)),
+                MemberObject::Export(e) => exports.push((document, e)),
+                MemberObject::Slice(s) => slices.push((document, s)),
+                MemberObject::Import(i) => imports.push((document, i)),
             }
         }
         debug!(
@@ -376,7 +377,10 @@ impl ClusterSetFiles {
     }
 
     fn snapshots_of(&self, every: bool) -> Vec<ClusterSnapshot> {
-        fn pick<V: Clone + PartialEq + Rank>(objects: &FileObjects<V>, every: bool) -> Vec<V> {
+        fn pick<V: Clone + PartialEq + Rank + Identified>(
+            objects: &FileObjects<V>,
+            every: bool,
+        ) -> Vec<V> {
             if every {
                 objects.all().map(|(_, v)| v.clone()).collect()
             } else {

@@ -23,12 +23,12 @@ use dataplane_core::{
     merge::DUPLICATE,
     model::{
         NamespacedName,
+        by_id::{ById, Identified},
         member::{ExportRecord, LocalSlice, ServiceRecord},
         records::ImportRecord,
     },
 };
-use foldhash::HashMap;
-use smallvec::SmallVec;
+use smallvec::{SmallVec, smallvec};
 
 /// The order that picks one of several definitions of an object: the smallest is used.
 pub trait Rank {
@@ -56,33 +56,42 @@ impl<V> Default for Before<V> {
     }
 }
 
-/// The definitions of one object. Nearly every object has one, kept inline: a list on the heap
-/// would cost a hundred bytes more per object, which at 60,000 objects is megabytes.
-type Definitions<V> = SmallVec<[Definition<V>; 1]>;
+/// The definitions of one object, never empty, sorted by file and document. Nearly every
+/// object has one, kept inline: a list on the heap would cost a hundred bytes more per object,
+/// which at 300,000 objects is 30 MB.
+#[derive(Clone, Debug)]
+struct Definitions<V>(SmallVec<[Definition<V>; 1]>);
+
+impl<V: Identified> Identified for Definitions<V> {
+    fn object_id(&self) -> &NamespacedName {
+        self.0[0].value.object_id()
+    }
+}
 
 /// Objects of one kind by the file that defines them.
 #[derive(Clone, Debug)]
 pub struct FileObjects<V> {
     /// What each file defines, in document order (an object defined twice in a file, twice).
-    files: BTreeMap<FileName, Vec<NamespacedName>>,
-    /// Every definition of each object, sorted by file and document.
-    definitions: HashMap<NamespacedName, Definitions<V>>,
+    files: BTreeMap<FileName, Vec<V>>,
+    /// Every definition of each object, by the object's id.
+    definitions: ById<Definitions<V>>,
 }
 
 impl<V> Default for FileObjects<V> {
     fn default() -> Self {
         FileObjects {
             files: BTreeMap::new(),
-            definitions: HashMap::default(),
+            definitions: ById::default(),
         }
     }
 }
 
-impl<V: Clone + PartialEq + Rank> FileObjects<V> {
+impl<V: Clone + PartialEq + Rank + Identified> FileObjects<V> {
     /// The used definition of `id`.
     pub fn get(&self, id: &NamespacedName) -> Option<&V> {
         let definitions = self.definitions.get(id)?;
         definitions
+            .0
             .iter()
             .reduce(|a, b| match b.value.rank(&a.value) {
                 Ordering::Less => b,
@@ -91,15 +100,10 @@ impl<V: Clone + PartialEq + Rank> FileObjects<V> {
             .map(|d| &d.value)
     }
 
-    /// Replaces what `file` defines with `objects` (document index, id, object); an empty list
+    /// Replaces what `file` defines with `objects` (document index, object); an empty list
     /// forgets the file. `before` collects the used definitions the update replaces, for
     /// [`FileObjects::changes`].
-    pub fn replace(
-        &mut self,
-        file: &FileName,
-        objects: Vec<(usize, NamespacedName, V)>,
-        before: &mut Before<V>,
-    ) {
+    pub fn replace(&mut self, file: &FileName, objects: Vec<(usize, V)>, before: &mut Before<V>) {
         let old = match self.files.entry(file.clone()) {
             Entry::Occupied(e) if objects.is_empty() => e.remove(),
             Entry::Occupied(mut e) => {
@@ -111,30 +115,46 @@ impl<V: Clone + PartialEq + Rank> FileObjects<V> {
                 Vec::new()
             }
         };
-        for id in old.iter().chain(objects.iter().map(|o| &o.1)) {
+        for id in old
+            .iter()
+            .chain(objects.iter().map(|o| &o.1))
+            .map(Identified::object_id)
+        {
             if !before.0.contains_key(id) {
                 before.0.insert(id.clone(), self.get(id).cloned());
             }
         }
-        for id in &old {
-            if let Some(list) = self.definitions.get_mut(id) {
-                list.retain(|d| d.file != *file);
-                if list.is_empty() {
-                    self.definitions.remove(id);
+        for id in old.iter().map(Identified::object_id) {
+            // A list is never left empty in the set: its first definition names it.
+            let only_this_file = match self.definitions.get_mut(id) {
+                Some(list) if list.0.iter().all(|d| d.file == *file) => true,
+                Some(list) => {
+                    list.0.retain(|d| d.file != *file);
+                    false
                 }
+                None => false,
+            };
+            if only_this_file {
+                self.definitions.remove(id);
             }
         }
-        for (document, id, value) in objects {
-            let list = self.definitions.entry(id).or_default();
-            let at = list.partition_point(|d| (&d.file, d.document) <= (file, document));
-            list.insert(
-                at,
-                Definition {
-                    file: file.clone(),
-                    document,
-                    value,
-                },
-            );
+        for (document, value) in objects {
+            let definition = Definition {
+                file: file.clone(),
+                document,
+                value,
+            };
+            match self.definitions.get_mut(definition.value.object_id()) {
+                Some(list) => {
+                    let at = list
+                        .0
+                        .partition_point(|d| (&d.file, d.document) <= (file, document));
+                    list.0.insert(at, definition);
+                }
+                None => {
+                    self.definitions.insert(Definitions(smallvec![definition]));
+                }
+            }
         }
     }
 
@@ -157,8 +177,12 @@ impl<V: Clone + PartialEq + Rank> FileObjects<V> {
     }
 
     /// The ids `file` defines, in document order.
-    pub fn ids_of(&self, file: &Path) -> &[NamespacedName] {
-        self.files.get(file).map(Vec::as_slice).unwrap_or(&[])
+    pub fn ids_of(&self, file: &Path) -> impl Iterator<Item = &NamespacedName> {
+        self.files
+            .get(file)
+            .into_iter()
+            .flatten()
+            .map(Identified::object_id)
     }
 
     /// How many objects are defined.
@@ -174,15 +198,16 @@ impl<V: Clone + PartialEq + Rank> FileObjects<V> {
     /// Every object with its used definition, in no particular order.
     pub fn used(&self) -> impl Iterator<Item = (&NamespacedName, &V)> {
         self.definitions
-            .keys()
+            .iter()
+            .map(Identified::object_id)
             .filter_map(|id| Some((id, self.get(id)?)))
     }
 
     /// Every definition, duplicates included, by file (sorted) and document.
     pub fn all(&self) -> impl Iterator<Item = (&FileName, &V)> {
         self.definitions
-            .values()
-            .flatten()
+            .iter()
+            .flat_map(|list| &list.0)
             .map(|d| ((&d.file, d.document), &d.value))
             .collect::<BTreeMap<_, _>>()
             .into_iter()
@@ -194,21 +219,21 @@ impl<V: Clone + PartialEq + Rank> FileObjects<V> {
     pub fn first_files(&self) -> impl Iterator<Item = (&NamespacedName, &FileName)> {
         self.definitions
             .iter()
-            .filter_map(|(id, list)| Some((id, &list.first()?.file)))
+            .map(|list| (list.object_id(), &list.0[0].file))
     }
 
     /// The objects defined more than once, with the file of each definition (sorted).
     pub fn duplicates(&self) -> impl Iterator<Item = (&NamespacedName, Vec<&FileName>)> {
         self.definitions
             .iter()
-            .filter(|(_, list)| list.len() > 1)
-            .map(|(id, list)| (id, list.iter().map(|d| &d.file).collect()))
+            .filter(|list| list.0.len() > 1)
+            .map(|list| (list.object_id(), list.0.iter().map(|d| &d.file).collect()))
     }
 
     /// The files defining `id` when it is defined more than once.
     pub fn duplicate_files(&self, id: &NamespacedName) -> Option<Vec<&FileName>> {
-        let list = self.definitions.get(id).filter(|l| l.len() > 1)?;
-        Some(list.iter().map(|d| &d.file).collect())
+        let list = self.definitions.get(id).filter(|l| l.0.len() > 1)?;
+        Some(list.0.iter().map(|d| &d.file).collect())
     }
 
     /// Warns about each object of `file` that is defined more than once (`kind` names it).
@@ -281,9 +306,19 @@ impl Rank for SliceInput {
 mod tests {
     use super::*;
 
-    impl Rank for &'static str {
+    /// A definition: the object's id and a value to tell definitions apart.
+    #[derive(Clone, Debug, PartialEq)]
+    struct Obj(NamespacedName, &'static str);
+
+    impl Rank for Obj {
         fn rank(&self, other: &Self) -> Ordering {
-            self.cmp(other)
+            self.1.cmp(other.1)
+        }
+    }
+
+    impl Identified for Obj {
+        fn object_id(&self) -> &NamespacedName {
+            &self.0
         }
     }
 
@@ -296,7 +331,7 @@ mod tests {
     }
 
     fn replace(
-        index: &mut FileObjects<&'static str>,
+        index: &mut FileObjects<Obj>,
         f: &str,
         objects: &[(&str, &'static str)],
     ) -> Vec<(NamespacedName, Option<&'static str>)> {
@@ -304,10 +339,23 @@ mod tests {
         let objects = objects
             .iter()
             .enumerate()
-            .map(|(i, (n, v))| (i, id(n), *v))
+            .map(|(i, (n, v))| (i, Obj(id(n), v)))
             .collect();
         index.replace(&file(f), objects, &mut before);
-        index.changes(before)
+        values(index.changes(before))
+    }
+
+    fn values(
+        changes: Vec<(NamespacedName, Option<Obj>)>,
+    ) -> Vec<(NamespacedName, Option<&'static str>)> {
+        changes
+            .into_iter()
+            .map(|(id, o)| (id, o.map(|o| o.1)))
+            .collect()
+    }
+
+    fn get(index: &FileObjects<Obj>, name: &str) -> Option<&'static str> {
+        index.get(&id(name)).map(|o| o.1)
     }
 
     #[test]
@@ -333,7 +381,7 @@ mod tests {
             [(id("w"), None), (id("x"), None), (id("y"), None)]
         );
         assert!(!index.defines(Path::new("a.yaml")));
-        assert_eq!(index.get(&id("z")), Some(&"z1"));
+        assert_eq!(get(&index, "z"), Some("z1"));
         assert_eq!(index.len(), 1);
     }
 
@@ -343,9 +391,12 @@ mod tests {
         replace(&mut index, "a.yaml", &[("x", "x1")]);
         let mut before = Before::default();
         index.replace(&file("a.yaml"), vec![], &mut before);
-        index.replace(&file("b.yaml"), vec![(0, id("x"), "x1")], &mut before);
+        index.replace(&file("b.yaml"), vec![(0, Obj(id("x"), "x1"))], &mut before);
         assert_eq!(index.changes(before), []);
-        assert_eq!(index.ids_of(Path::new("b.yaml")), [id("x")]);
+        assert_eq!(
+            index.ids_of(Path::new("b.yaml")).collect::<Vec<_>>(),
+            [&id("x")]
+        );
     }
 
     #[test]
@@ -359,7 +410,7 @@ mod tests {
         let mut two = FileObjects::default();
         replace(&mut two, "b.yaml", &[("x", "x1")]);
         assert_eq!(replace(&mut two, "a.yaml", &[("x", "x2")]), []);
-        assert_eq!(one.get(&id("x")), two.get(&id("x")));
+        assert_eq!(get(&one, "x"), get(&two, "x"));
         let dups: Vec<_> = one.duplicates().collect();
         assert_eq!(dups, [(&id("x"), vec![&file("a.yaml"), &file("b.yaml")])]);
         // The smaller one's file goes: the other definition is used again.
@@ -367,11 +418,11 @@ mod tests {
         assert_eq!(one.duplicates().count(), 0);
         // Twice in one file: both are kept, one is used.
         replace(&mut one, "c.yaml", &[("y", "y2"), ("y", "y1")]);
-        assert_eq!(one.get(&id("y")), Some(&"y1"));
+        assert_eq!(get(&one, "y"), Some("y1"));
         assert_eq!(one.duplicate_files(&id("y")).map(|f| f.len()), Some(2));
         let all: Vec<_> = one
             .all()
-            .map(|(f, v)| (f.to_string_lossy().into_owned(), *v))
+            .map(|(f, v)| (f.to_string_lossy().into_owned(), v.1))
             .collect();
         assert_eq!(
             all,

@@ -273,8 +273,8 @@ impl NodeDir {
         let mut slices = Vec::new();
         for (document, object) in objects {
             match object {
-                NodeObject::Import(i) => imports.push((document, i.id.clone(), i)),
-                NodeObject::Slice(s) => slices.push((document, s.id.clone(), s)),
+                NodeObject::Import(i) => imports.push((document, i)),
+                NodeObject::Slice(s) => slices.push((document, s)),
             }
         }
         debug!(

@@ -20,6 +20,7 @@ use foldhash::{HashMap, HashMapExt as _};
 use super::ServiceInputs;
 use crate::model::{
     EndpointSlice, Interner, NamespacedName, ServiceImport,
+    by_id::ById,
     records::{Converted, ImportRecord, ImportedSlice},
 };
 
@@ -143,7 +144,7 @@ pub struct InputIndex {
     services: HashMap<NamespacedName, ServiceObjects>,
     /// Every filed slice by namespace/name: where an update or delete finds the old version
     /// (and so the service it leaves when its label changed).
-    slices: HashMap<NamespacedName, SliceInput>,
+    slices: ById<SliceInput>,
     imports_listed: bool,
     slices_listed: bool,
 }
@@ -209,7 +210,7 @@ impl InputIndex {
                 }
                 self.remove_slice(&slice.id, dirty);
                 if let Some(service) = slice.service.clone() {
-                    self.slices.insert(slice.id.clone(), slice.clone());
+                    self.slices.insert(slice.clone());
                     let slices = &mut self.services.entry(service.clone()).or_default().slices;
                     let at = slices.partition_point(|s| s.id.name <= slice.id.name);
                     slices.insert(at, slice);
@@ -280,12 +281,12 @@ impl InputIndex {
 
     fn replace_slices(&mut self, slices: Vec<SliceInput>, dirty: &mut BTreeSet<NamespacedName>) {
         self.slices_listed = true;
-        let mut by_name = HashMap::with_capacity(slices.len());
+        let mut by_name = ById::with_capacity(slices.len());
         let mut new: HashMap<NamespacedName, Vec<SliceInput>> = HashMap::new();
         for slice in slices {
             // Slices without the label belong to no service (the sources select on it).
             if let Some(service) = slice.service.clone() {
-                by_name.insert(slice.id.clone(), slice.clone());
+                by_name.insert(slice.clone());
                 new.entry(service).or_default().push(slice);
             }
         }

@@ -198,6 +198,7 @@ pub struct ServiceImportStatus {
     pub conditions: Vec<Condition>,
 }
 
+pub mod by_id;
 mod crd;
 pub mod dns;
 mod ip;
