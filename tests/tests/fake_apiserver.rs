@@ -620,7 +620,7 @@ async fn lists_page_with_limit_and_continue() -> anyhow::Result<()> {
     // metadata-only lists page the same way (what the member probe sends).
     let one = api.list_metadata(&ListParams::default().limit(1)).await?;
     assert_eq!(one.items.len(), 1);
-    assert_eq!(one.metadata.continue_.as_deref(), Some("1"));
+    assert_eq!(one.metadata.continue_.as_deref(), Some("n/a"));
     assert_eq!(
         api_code(api.list(&ListParams::default().continue_token("x")).await).0,
         400

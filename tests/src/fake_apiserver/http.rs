@@ -224,13 +224,14 @@ fn route(
         (&Method::GET, None) => {
             let (labels, fields) = selectors(rec)?;
             let st = shared.state();
+            let (after, limit) = page_params(rec)?;
             let matching = st
-                .iter(rt, (!t.all_namespaces).then_some(ns))
-                .filter(|o| labels.matches(o) && fields.matches(o));
-            let (page, next) = page(rec, matching, |o| present(o, av))?;
+                .iter_after(rt, (!t.all_namespaces).then_some(ns), after)
+                .filter(|(_, o)| labels.matches(o) && fields.matches(o));
+            let (page, next) = page(matching, limit, |o| present(o, av));
             let mut metadata = json!({"resourceVersion": st.rv.to_string()});
-            if let Some(offset) = next {
-                metadata["continue"] = json!(offset.to_string());
+            if let Some((namespace, name)) = next {
+                metadata["continue"] = json!(format!("{namespace}/{name}"));
             }
             let list = json!({"apiVersion": av, "kind": format!("{}List", rt.kind),
                 "metadata": metadata, "items": page});
@@ -327,36 +328,51 @@ fn route(
     }
 }
 
-/// One page of a list: `limit` items from the offset in `continue` (the token is the offset; a
-/// page is not a consistent snapshot with the pages before it, unlike etcd's). Returns the
-/// page and the next page's token.
-fn page<'v>(
-    rec: &RecordedRequest,
-    items: impl Iterator<Item = &'v Value>,
-    present: impl Fn(&Value) -> Value,
-) -> Result<(Vec<Value>, Option<usize>), ApiError> {
-    let number = |key: &str| -> Result<Option<usize>, ApiError> {
-        rec.param(key)
-            .filter(|v| !v.is_empty())
-            .map(|v| {
-                v.parse::<usize>()
-                    .map_err(|_| ApiError::bad_request(format!("invalid {key} {v:?}")))
-            })
-            .transpose()
+/// An object's (namespace, name): the store's key.
+type ObjectKey = (String, String);
+
+/// Where a list page starts and how long it is: the `continue` token is the namespace/name of
+/// the last object of the previous page (a page is not a consistent snapshot with the pages
+/// before it, unlike etcd's), and `limit` the most items.
+fn page_params(rec: &RecordedRequest) -> Result<(Option<ObjectKey>, Option<usize>), ApiError> {
+    let after = match rec.param("continue").filter(|v| !v.is_empty()) {
+        None => None,
+        Some(token) => match token.split_once('/') {
+            Some((namespace, name)) => Some((namespace.to_owned(), name.to_owned())),
+            None => {
+                return Err(ApiError::bad_request(format!("invalid continue {token:?}")));
+            }
+        },
     };
-    let offset = number("continue")?.unwrap_or(0);
-    let limit = number("limit")?.filter(|&l| l > 0);
-    // Only the page is copied: a client paging through a large list costs a walk of the
-    // store per page, not a copy of it.
-    let mut rest = items.skip(offset);
-    match limit {
-        None => Ok((rest.map(present).collect(), None)),
-        Some(limit) => {
-            let page: Vec<Value> = rest.by_ref().take(limit).map(present).collect();
-            let next = rest.next().is_some().then_some(offset + limit);
-            Ok((page, next))
-        }
+    let limit = rec
+        .param("limit")
+        .filter(|v| !v.is_empty())
+        .map(|v| {
+            v.parse::<usize>()
+                .map_err(|_| ApiError::bad_request(format!("invalid limit {v:?}")))
+        })
+        .transpose()?
+        .filter(|&l| l > 0);
+    Ok((after, limit))
+}
+
+/// One page of a list: at most `limit` of `items`, and the key of its last item when more
+/// follow. Only the page is copied, and a page starts where the last one ended, so a client
+/// paging through a large list costs a walk of the store once, not once per page.
+fn page<'v>(
+    items: impl Iterator<Item = (&'v ObjectKey, &'v Value)>,
+    limit: Option<usize>,
+    present: impl Fn(&Value) -> Value,
+) -> (Vec<Value>, Option<ObjectKey>) {
+    let mut items = items.peekable();
+    let mut page = Vec::new();
+    let mut last = None;
+    while let Some((key, obj)) = items.next_if(|_| limit.is_none_or(|l| page.len() < l)) {
+        page.push(present(obj));
+        last = Some(key);
     }
+    let next = items.peek().is_some().then(|| last.cloned()).flatten();
+    (page, next)
 }
 
 fn selectors(rec: &RecordedRequest) -> Result<(LabelSelector, FieldSelector), ApiError> {

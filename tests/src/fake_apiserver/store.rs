@@ -4,7 +4,10 @@
 //! Everything here is synchronous and runs under the server's state mutex; the HTTP layer
 //! (`http.rs`) only parses requests and renders results.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::{
+    collections::{BTreeMap, BTreeSet, VecDeque},
+    ops::Bound,
+};
 
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
@@ -554,11 +557,23 @@ impl State {
         rt: &ResourceType,
         ns: Option<&'s str>,
     ) -> impl Iterator<Item = &'s Value> + 's {
+        self.iter_after(rt, ns, None).map(|(_, obj)| obj)
+    }
+
+    /// The objects after the (namespace, name) `after` in key order, with their keys: where a
+    /// list page continues without walking the pages before it.
+    pub(crate) fn iter_after<'s>(
+        &'s self,
+        rt: &ResourceType,
+        ns: Option<&'s str>,
+        after: Option<(String, String)>,
+    ) -> impl Iterator<Item = (&'s (String, String), &'s Value)> + 's {
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
         self.bucket(rt)
             .into_iter()
-            .flatten()
+            .flat_map(move |bucket| bucket.range((from.clone(), Bound::Unbounded)))
             .filter(move |((n, _), _)| ns.is_none_or(|ns| ns == n))
-            .map(|(_, s)| &s.obj)
+            .map(|(key, s)| (key, &s.obj))
     }
 
     /// Appends a change to the history (dropping the oldest beyond the limit) and wakes watches.
