@@ -32,7 +32,11 @@ fn main() -> std::process::ExitCode {
 
 /// Runs an async role on a fresh tokio runtime.
 fn block_on<T>(role: impl std::future::Future<Output = T>) -> anyhow::Result<T> {
-    let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .on_thread_park(dataplane_agent::memory::on_worker_idle)
+        .build()
+        .context("starting the tokio runtime")?;
     Ok(rt.block_on(role))
 }
 

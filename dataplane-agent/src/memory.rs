@@ -18,15 +18,48 @@ pub fn configure() {
     }
 }
 
+use std::{
+    cell::Cell,
+    sync::atomic::{AtomicU64, Ordering},
+};
+
 /// Services rebuilt at once from which a sync is large enough to collect after.
 pub const LARGE_SYNC_SERVICES: usize = 1024;
+
+/// Bumped by every [`release_freed`]: each runtime worker collects once per bump.
+static COLLECTIONS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The last [`COLLECTIONS`] this thread has collected for.
+    static COLLECTED: Cell<u64> = const { Cell::new(0) };
+}
+
+fn collect_this_thread() {
+    // SAFETY: mi_collect takes no pointers and may be called from any thread at any time.
+    unsafe { libmimalloc_sys::mi_collect(true) }
+}
 
 /// Returns the memory freed so far to the kernel. It costs a walk of the allocator's pages (a
 /// few milliseconds), so it runs after large syncs only. With another global allocator (the
 /// library's tests) it has nothing to collect.
+///
+/// mimalloc's pages belong to the thread that allocated from them: what this thread frees of
+/// another thread's objects (the records a watcher task converted on a runtime worker) waits
+/// in that page until its owner collects. So every runtime worker is asked to collect too, the
+/// next time it goes idle ([`on_worker_idle`]).
 pub fn release_freed() {
-    // SAFETY: mi_collect takes no pointers and may be called from any thread at any time.
-    unsafe { libmimalloc_sys::mi_collect(true) }
+    collect_this_thread();
+    COLLECTIONS.fetch_add(1, Ordering::Release);
+}
+
+/// For the runtime's `on_thread_park`: collects this worker's pages once after each
+/// [`release_freed`]; otherwise one atomic load.
+pub fn on_worker_idle() {
+    let wanted = COLLECTIONS.load(Ordering::Acquire);
+    if COLLECTED.get() != wanted {
+        COLLECTED.set(wanted);
+        collect_this_thread();
+    }
 }
 
 #[cfg(test)]
