@@ -4,7 +4,7 @@
 
 use std::{fmt, hash::BuildHasher as _, sync::Arc};
 
-use foldhash::fast::FixedState;
+use foldhash::fast::RandomState;
 use hashbrown::{HashTable, hash_table::Entry};
 
 use super::{
@@ -48,14 +48,15 @@ identified_by_field!(
 #[derive(Clone)]
 pub struct ById<T> {
     table: HashTable<T>,
-    hasher: FixedState,
+    /// Seeded per set, as the standard maps are: the ids come from other clusters' objects.
+    hasher: RandomState,
 }
 
 impl<T> Default for ById<T> {
     fn default() -> Self {
         ById {
             table: HashTable::new(),
-            hasher: FixedState::default(),
+            hasher: RandomState::default(),
         }
     }
 }
@@ -71,11 +72,11 @@ impl<T: Identified> ById<T> {
     pub fn with_capacity(n: usize) -> Self {
         ById {
             table: HashTable::with_capacity(n),
-            hasher: FixedState::default(),
+            hasher: RandomState::default(),
         }
     }
 
-    fn hash(hasher: &FixedState, id: &NamespacedName) -> u64 {
+    fn hash(hasher: &RandomState, id: &NamespacedName) -> u64 {
         hasher.hash_one(id)
     }
 

@@ -424,4 +424,30 @@ spec:
         assert_eq!(back["spec"]["type"], "ClusterSetIP");
         assert_eq!(back["spec"]["ipFamilies"][1], "IPv6");
     }
+
+    #[test]
+    fn endpoints_keep_their_addresses_and_order_in_either_form() {
+        use records::{Conditions, Endpoint, Endpoints};
+        let ep = |a: &str, ready| {
+            let endpoint = Endpoint {
+                addr: a.parse().expect("an address"),
+                conditions: Conditions::new(Some(ready), None, None),
+            };
+            (endpoint, None)
+        };
+        let v4 = Endpoints::new([ep("10.0.0.2", true), ep("10.0.0.1", false)]);
+        let mixed = Endpoints::new([ep("10.0.0.2", true), ep("fd00::1", false)]);
+        let addrs = |e: &Endpoints| e.list().map(|e| e.addr.to_string()).collect::<Vec<_>>();
+        assert_eq!(addrs(&v4), ["10.0.0.2", "10.0.0.1"]);
+        assert_eq!(addrs(&mixed), ["10.0.0.2", "fd00::1"]);
+        assert_eq!(v4.list().len(), 2);
+        assert!(
+            v4.list()
+                .nth(1)
+                .is_some_and(|e| e.conditions.ready() == Some(false))
+        );
+        assert!(v4.any_ready() && mixed.any_ready());
+        assert_eq!(Endpoints::default(), Endpoints::new([]));
+        assert!(Endpoints::default().is_empty());
+    }
 }

@@ -59,16 +59,17 @@ impl Interner {
         list
     }
 
-    /// Drops the names and port lists only the interner still holds.
+    /// Drops the port lists and names only the interner still holds (the lists first: they
+    /// hold names).
     pub fn purge(&self) {
-        let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
-        names.retain(|n| Arc::strong_count(n) > 1);
-        drop(names);
         let mut lists = self
             .port_lists
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         lists.retain(|l| Arc::strong_count(l) > 1);
+        drop(lists);
+        let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+        names.retain(|n| Arc::strong_count(n) > 1);
     }
 
     /// How many names the interner holds.

@@ -168,8 +168,9 @@ enum EndpointList {
 }
 
 impl Default for EndpointList {
+    /// What [`EndpointList::new`] makes of no endpoints, so that equal lists compare equal.
     fn default() -> Self {
-        EndpointList::Any(Box::default())
+        EndpointList::Ipv4(Box::default())
     }
 }
 
