@@ -106,6 +106,9 @@ struct PartBuilder {
 impl PartBuilder {
     fn build(&mut self, inputs: ServiceInputs<'_>, policy: &AddressPolicy) -> ServicePart {
         let mut part = ServicePart::default();
+        // The backends the policy refuses, checked once per endpoint here rather than once per
+        // endpoint and port below; nearly always none.
+        let mut refused_backends = Vec::new();
         for c in inputs.imports {
             part.warnings.extend(warnings_of(c, "ServiceImport"));
         }
@@ -114,6 +117,7 @@ impl PartBuilder {
             if let Some(slice) = &c.record {
                 for ep in slice.endpoints.list() {
                     if let Err(why) = policy.check_backend(&slice.cluster, ep.addr) {
+                        refused_backends.push((slice.cluster.clone(), ep.addr));
                         part.refused.push((AddressUse::Backend, why));
                         part.warnings.push(LbWarning {
                             object: format!("EndpointSlice {}", c.id),
@@ -143,6 +147,7 @@ impl PartBuilder {
                 si,
                 &slices,
                 policy,
+                &refused_backends,
                 &mut part.refused,
                 &mut self.claimed,
                 &mut part.warnings,

@@ -248,12 +248,14 @@ fn warnings_of<'a, T>(c: &'a Converted<T>, kind: &str) -> impl Iterator<Item = L
 /// The frontends and VIPs of one import (the one kept for its namespace/name), given the
 /// slices of its service in cluster order. A VIP already in `claimed` (claimed by an import
 /// earlier in sorted order) is skipped; the VIPs this import gets are added to `claimed` and
-/// returned, and every frontend is handed to `emit`.
+/// returned, and every frontend is handed to `emit`. `refused_backends` are the endpoints of
+/// `service_slices` (by cluster and address) that the policy refuses.
 #[allow(clippy::too_many_arguments)] // the build's scratch state, threaded through
 fn build_import<'s>(
     si: &ImportRecord,
     service_slices: &[&'s ImportedSlice],
     policy: &AddressPolicy,
+    refused_backends: &[(ClusterId, IpAddr)],
     refused: &mut Vec<(AddressUse, Refusal)>,
     claimed: &mut BTreeMap<IpAddr, NamespacedName>,
     warnings: &mut Vec<LbWarning>,
@@ -352,7 +354,9 @@ fn build_import<'s>(
             );
             // Ready endpoints; only when none is ready, the serving and terminating ones.
             let allowed = |s: &ImportedSlice, ep: &Endpoint| {
-                policy.check_backend(&s.cluster, ep.addr).is_ok()
+                !refused_backends
+                    .iter()
+                    .any(|(cluster, ip)| *ip == ep.addr && *cluster == s.cluster)
             };
             let any_ready = serving.iter().any(|(s, _)| {
                 s.endpoints
