@@ -99,6 +99,10 @@ impl Member {
 /// A member's objects by service.
 type Members = BTreeMap<ClusterId, Member>;
 
+/// Every service's members. A hashbrown map for `entry_ref`: filing an object under a service
+/// that is already there (nearly every call) clones no name.
+type ServiceMembers = hashbrown::HashMap<NamespacedName, Members, foldhash::fast::RandomState>;
+
 /// A member's objects of one service as a merge reads them: its local slices are left out
 /// while its endpoints are withdrawn.
 type MemberInputs<'a> = (&'a ClusterId, &'a Member, &'a [Arc<LocalSlice>]);
@@ -177,7 +181,7 @@ pub struct MergeState {
     grace: Duration,
     /// Which endpoints may be imported.
     policy: AddressPolicy,
-    services: HashMap<NamespacedName, Members>,
+    services: ServiceMembers,
     /// Where each member's local slice is filed (`None`: it has no service label).
     slice_homes: HashMap<(ClusterId, NamespacedName), Option<NamespacedName>>,
     withdrawn: BTreeSet<ClusterId>,
@@ -199,7 +203,7 @@ impl MergeState {
             config,
             importing,
             grace: Duration::ZERO,
-            services: HashMap::new(),
+            services: ServiceMembers::default(),
             slice_homes: HashMap::new(),
             withdrawn: BTreeSet::new(),
             outputs: HashMap::new(),
@@ -275,7 +279,7 @@ impl MergeState {
 
     fn member(&mut self, service: &NamespacedName, cluster: &ClusterId) -> &mut Member {
         self.services
-            .entry(service.clone())
+            .entry_ref(service)
             .or_default()
             .entry(cluster.clone())
             .or_default()

@@ -361,6 +361,13 @@ pub struct NamespacedName {
     pub name: Name,
 }
 
+/// A copy sharing the names, for maps that clone a key only to insert it.
+impl From<&NamespacedName> for NamespacedName {
+    fn from(id: &NamespacedName) -> Self {
+        id.clone()
+    }
+}
+
 impl NamespacedName {
     /// The namespace/name of the given parts, taken as they are (no defaulting).
     pub fn new(namespace: impl Into<Name>, name: impl Into<Name>) -> Self {
