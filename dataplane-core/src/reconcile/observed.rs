@@ -345,13 +345,23 @@ impl ObservedIndex {
 
     /// Replaces every object of `kind` with a complete list (a watch's first list or a
     /// re-list); the services whose objects differ.
+    ///
+    /// A listed object older than what is known of it (the answer to our own write, a watch
+    /// event, a deletion) does not take it back: a re-list that started before our write was
+    /// answered would otherwise make the write be made again.
     pub fn replace_imports(&mut self, list: Vec<ObservedImport>) -> BTreeSet<NamespacedName> {
         let old = std::mem::take(&mut self.imports);
-        self.tombstones
-            .retain(|(k, _), _| *k != ObservedKind::Import);
+        let mut deleted = Vec::new();
         for o in list {
-            self.imports.insert(o.record.service.clone(), Arc::new(o));
+            let id = o.record.service.clone();
+            match self.listed(ObservedKind::Import, &id, o, old.get(&id)) {
+                Listed::File(o) => {
+                    self.imports.insert(id, o);
+                }
+                Listed::Deleted => deleted.push(id),
+            }
         }
+        self.keep_tombstones(ObservedKind::Import, &deleted);
         old.keys()
             .chain(self.imports.keys())
             .filter(|s| old.get(*s) != self.imports.get(*s))
@@ -362,11 +372,17 @@ impl ObservedIndex {
     /// [`ObservedIndex::replace_imports`] for exports.
     pub fn replace_exports(&mut self, list: Vec<ObservedExport>) -> BTreeSet<NamespacedName> {
         let old = std::mem::take(&mut self.exports);
-        self.tombstones
-            .retain(|(k, _), _| *k != ObservedKind::Export);
+        let mut deleted = Vec::new();
         for o in list {
-            self.exports.insert(o.id.clone(), Arc::new(o));
+            let id = o.id.clone();
+            match self.listed(ObservedKind::Export, &id, o, old.get(&id)) {
+                Listed::File(o) => {
+                    self.exports.insert(id, o);
+                }
+                Listed::Deleted => deleted.push(id),
+            }
         }
+        self.keep_tombstones(ObservedKind::Export, &deleted);
         old.keys()
             .chain(self.exports.keys())
             .filter(|s| old.get(*s) != self.exports.get(*s))
@@ -377,14 +393,24 @@ impl ObservedIndex {
     /// [`ObservedIndex::replace_imports`] for slices.
     pub fn replace_slices(&mut self, list: Vec<ObservedSlice>) -> BTreeSet<NamespacedName> {
         let old = std::mem::take(&mut self.slices);
-        self.slice_homes.clear();
-        self.tombstones
-            .retain(|(k, _), _| *k != ObservedKind::Slice);
+        let known: HashMap<&NamespacedName, &Arc<ObservedSlice>> =
+            old.values().flatten().map(|s| (&s.id, s)).collect();
+        let mut filed = Vec::with_capacity(list.len());
+        let mut deleted = Vec::new();
         for o in list {
             let id = o.id.clone();
+            match self.listed(ObservedKind::Slice, &id, o, known.get(&id).copied()) {
+                Listed::File(o) => filed.push(o),
+                Listed::Deleted => deleted.push(id),
+            }
+        }
+        drop(known);
+        self.keep_tombstones(ObservedKind::Slice, &deleted);
+        self.slice_homes.clear();
+        for o in filed {
             let home = o.service.clone();
-            self.slice_homes.insert(id, home.clone());
-            self.slices.entry(home).or_default().push(Arc::new(o));
+            self.slice_homes.insert(o.id.clone(), home.clone());
+            self.slices.entry(home).or_default().push(o);
         }
         for list in self.slices.values_mut() {
             list.sort_by(|a, b| a.id.name.cmp(&b.id.name));
@@ -396,5 +422,61 @@ impl ObservedIndex {
             .filter(|h| old.get(*h) != self.slices.get(*h))
             .filter_map(|h| h.clone())
             .collect()
+    }
+
+    /// What to file for a listed object: it, or the newer version already known; nothing
+    /// when it was deleted after the version listed.
+    fn listed<T: Versioned>(
+        &self,
+        kind: ObservedKind,
+        id: &NamespacedName,
+        listed: T,
+        known: Option<&Arc<T>>,
+    ) -> Listed<T> {
+        let rv = listed.resource_version();
+        if self.fresh(kind, id, rv, known.map(|k| k.resource_version())) {
+            Listed::File(Arc::new(listed))
+        } else {
+            match known {
+                Some(k) if k.resource_version() > rv => Listed::File(Arc::clone(k)),
+                _ => Listed::Deleted,
+            }
+        }
+    }
+
+    /// Drops the tombstones of `kind` a complete list ends, all but those of `deleted` (listed,
+    /// but deleted after the version listed).
+    fn keep_tombstones(&mut self, kind: ObservedKind, deleted: &[NamespacedName]) {
+        self.tombstones
+            .retain(|(k, id), _| *k != kind || deleted.contains(id));
+    }
+}
+
+/// What [`ObservedIndex::listed`] files.
+enum Listed<T> {
+    File(Arc<T>),
+    Deleted,
+}
+
+/// An observed object's `resourceVersion`.
+trait Versioned {
+    fn resource_version(&self) -> u64;
+}
+
+impl Versioned for ObservedImport {
+    fn resource_version(&self) -> u64 {
+        self.resource_version
+    }
+}
+
+impl Versioned for ObservedExport {
+    fn resource_version(&self) -> u64 {
+        self.resource_version
+    }
+}
+
+impl Versioned for ObservedSlice {
+    fn resource_version(&self) -> u64 {
+        self.resource_version
     }
 }

@@ -132,3 +132,46 @@ fn withdrawn_members_keep_their_exports_but_lose_their_endpoints() {
         ready.message
     );
 }
+
+#[test]
+fn a_relist_older_than_what_is_known_takes_nothing_back() {
+    use crate::fixtures::imported_slice;
+    let names = crate::model::Interner::new();
+    let slice = |name: &str, ip: &str, rv: u64| {
+        let mut s = imported_slice("demo", name, "web", "west")
+            .label(crate::model::LABEL_MANAGED_BY, crate::model::MANAGED_BY)
+            .endpoints([endpoint(ip).ready()])
+            .build();
+        s.metadata.resource_version = Some(rv.to_string());
+        ObservedSlice::from_k8s(&s, &names)
+    };
+    let rv_of = |index: &ObservedIndex, name: &str| {
+        let service = NamespacedName::new("demo", "web");
+        index
+            .service(&service)
+            .slices
+            .iter()
+            .find(|s| &*s.id.name == name)
+            .map(|s| s.resource_version)
+    };
+    let mut index = ObservedIndex::default();
+    index.replace_slices(vec![slice("a", "10.0.0.1", 5), slice("b", "10.0.0.2", 5)]);
+    // Our write's answer (rv 7), then a re-list that started before it (rv 5): kept.
+    index.put_slice(slice("a", "10.0.0.9", 7));
+    let changed = index.replace_slices(vec![slice("a", "10.0.0.1", 5), slice("b", "10.0.0.2", 5)]);
+    assert_eq!(rv_of(&index, "a"), Some(7));
+    assert!(changed.is_empty(), "{changed:?}");
+    // Deleted at rv 9 after a list at rv 5: the list does not bring it back, and the tombstone
+    // stays for stale events; a newer version is filed.
+    index.delete(ObservedKind::Slice, &NamespacedName::new("demo", "b"), 9);
+    index.replace_slices(vec![slice("a", "10.0.0.9", 7), slice("b", "10.0.0.2", 5)]);
+    assert_eq!(rv_of(&index, "b"), None);
+    assert!(index.put_slice(slice("b", "10.0.0.2", 8)).is_empty());
+    assert_eq!(rv_of(&index, "b"), None);
+    index.replace_slices(vec![slice("a", "10.0.0.9", 7), slice("b", "10.0.0.3", 10)]);
+    assert_eq!(rv_of(&index, "b"), Some(10));
+    // A newer list wins, and what it lacks is gone.
+    index.replace_slices(vec![slice("a", "10.0.0.4", 11)]);
+    assert_eq!(rv_of(&index, "a"), Some(11));
+    assert_eq!(rv_of(&index, "b"), None);
+}
