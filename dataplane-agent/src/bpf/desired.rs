@@ -38,6 +38,15 @@ pub enum FeAddr {
 }
 
 impl FeAddr {
+    /// The port and protocol as `inspect` and the metrics show them: 0 and `*` for the
+    /// wildcard.
+    pub fn port_and_protocol(&self) -> (u16, String) {
+        match self {
+            FeAddr::Port(p) => (p.port, p.protocol.to_string()),
+            FeAddr::Wildcard(_) => (0, "*".to_owned()),
+        }
+    }
+
     pub fn key(&self) -> FeKey {
         let (ip, port, proto) = match *self {
             FeAddr::Port(f) => (f.ip, port_word(f.port), ip_proto(f.protocol)),

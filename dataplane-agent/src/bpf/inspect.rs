@@ -80,10 +80,7 @@ pub fn rows(contents: &MapContents) -> Vec<FrontendRow> {
         let Some((service, d)) = decoded.get(&addr) else {
             continue;
         };
-        let (port, protocol) = match addr {
-            FeAddr::Port(p) => (p.port, p.protocol.to_string()),
-            FeAddr::Wildcard(_) => (0, "*".to_owned()),
-        };
+        let (port, protocol) = addr.port_and_protocol();
         let counters = contents.counters.get(&fe.id).copied().unwrap_or_default();
         rows.push((
             addr,

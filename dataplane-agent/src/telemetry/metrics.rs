@@ -378,10 +378,7 @@ pub struct FrontendMetric {
 impl FrontendMetric {
     /// The labels of its series.
     fn labels(&self) -> [(&'static str, String); 6] {
-        let (port, protocol) = match self.addr {
-            FeAddr::Port(p) => (p.port, p.protocol.to_string()),
-            FeAddr::Wildcard(_) => (0, "*".to_owned()),
-        };
+        let (port, protocol) = self.addr.port_and_protocol();
         [
             ("namespace", self.service.namespace.to_string()),
             ("name", self.service.name.to_string()),

@@ -4,9 +4,10 @@
 //!
 //! A record keeps exactly what the lb table, DNS and the controller's writes read, with
 //! addresses parsed once and names interned ([`Interner`]). An endpoint costs 5 bytes in an
-//! IPv4 slice and 18 in others (its first address and its conditions); the rare extras (more addresses, hostname, zone) live in
-//! a side table of its slice. What the conversion had to drop (a malformed address, port or
-//! label) is kept as a warning with the record, in the words the lb table reports.
+//! IPv4 slice and 18 in others (its first address and its conditions); the rare extras (more
+//! addresses, hostname, zone) live in a side table of its slice. What the conversion had to
+//! drop (a malformed address, port or label) is kept as a warning with the record, in the
+//! words the lb table reports.
 //!
 //! `to_k8s` turns a record back into the object it stands for (canonical address text, the
 //! metadata the record keeps), for the writers and the JSON of `plan`.
