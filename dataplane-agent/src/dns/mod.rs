@@ -37,7 +37,7 @@ use zone::{DnsEndpoint, DnsKind, DnsPort, DnsProtocol, DnsService, ServiceRecord
 /// place: an IP beyond the listed families is left out, so a family is answered only when the
 /// import lists it.
 pub fn dns_service(service: &NamespacedName, inputs: ServiceInputs<'_>) -> Option<DnsService> {
-    let mut imports = inputs.imports.iter().filter_map(|c| c.record.as_ref());
+    let mut imports = inputs.imports.iter().filter_map(|c| c.record());
     let first = imports.next()?;
     let rest: Vec<&ImportRecord> = imports.collect();
     // The lb table keeps the import with the smallest JSON of several with one name.
@@ -81,7 +81,7 @@ pub fn dns_service(service: &NamespacedName, inputs: ServiceInputs<'_>) -> Optio
         out.kind = DnsKind::ClusterSetIp { ips };
         return Some(out);
     }
-    for slice in inputs.slices.iter().filter_map(|c| c.record.as_ref()) {
+    for slice in inputs.slices.iter().filter_map(|c| c.record()) {
         let ports: Vec<DnsPort> = slice
             .ports
             .iter()

@@ -18,7 +18,7 @@ use std::{
 use dataplane_core::{
     merge::{ClusterSetConfig, ClusterSnapshot, DUPLICATE, Diagnostic, MemberChange},
     model::{
-        ClusterId, Interner, NamespacedName,
+        ClusterId, IdRef, Interner,
         by_id::Identified,
         member::{ExportRecord, LocalSlice, ServiceRecord},
         records::ImportRecord,
@@ -61,10 +61,11 @@ impl MemberObject {
             }
             Manifest::ServiceImport(si) => {
                 let converted = ImportRecord::from_k8s(&si, names, true);
-                let record = converted.record.ok_or_else(|| ManifestError {
+                let id = converted.id().to_owned();
+                let record = converted.into_record().ok_or_else(|| ManifestError {
                     file: file.to_owned(),
                     document,
-                    object: Some(format!("ServiceImport {}", converted.id)),
+                    object: Some(format!("ServiceImport {id}")),
                     message: "not a usable ServiceImport".into(),
                 })?;
                 MemberObject::Import(Arc::new(record))
@@ -429,12 +430,11 @@ impl ClusterSetFiles {
     pub fn sources(&self) -> BTreeMap<(ClusterId, String), PathBuf> {
         let mut out = BTreeMap::new();
         for (id, c) in &self.clusters {
-            let mut add =
-                |kind: &str, files: &mut dyn Iterator<Item = (&NamespacedName, &FileName)>| {
-                    for (object, file) in files {
-                        out.insert((id.clone(), format!("{kind} {object}")), file.to_path_buf());
-                    }
-                };
+            let mut add = |kind: &str, files: &mut dyn Iterator<Item = (IdRef<'_>, &FileName)>| {
+                for (object, file) in files {
+                    out.insert((id.clone(), format!("{kind} {object}")), file.to_path_buf());
+                }
+            };
             add("Service", &mut c.services.first_files());
             add("ServiceExport", &mut c.exports.first_files());
             add("EndpointSlice", &mut c.slices.first_files());
@@ -447,7 +447,7 @@ impl ClusterSetFiles {
     pub fn duplicates(&self) -> Vec<Diagnostic> {
         let mut out = Vec::new();
         for (id, c) in &self.clusters {
-            let mut add = |kind: &str, ids: &mut dyn Iterator<Item = &NamespacedName>| {
+            let mut add = |kind: &str, ids: &mut dyn Iterator<Item = IdRef<'_>>| {
                 for object in ids {
                     out.push(Diagnostic {
                         cluster: Some(id.clone()),

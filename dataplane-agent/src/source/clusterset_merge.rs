@@ -190,7 +190,7 @@ impl ClusterSetMerge {
             let out = self.state.service(&service);
             let sent = self.sent.entry(service.clone()).or_default();
             match (out.and_then(|o| o.import.as_ref()), &sent.import) {
-                (Some(new), Some(old)) if old.record.as_ref() == Some(new) => {}
+                (Some(new), Some(old)) if old.record() == Some(new) => {}
                 (Some(new), _) => {
                     let input = record_input(new.clone());
                     upserted.push(Change::Import(input.clone()));
@@ -220,7 +220,7 @@ impl ClusterSetMerge {
                 if sent
                     .slices
                     .get(&slice.name)
-                    .is_some_and(|old| old.record.as_ref() == Some(slice))
+                    .is_some_and(|old| old.record() == Some(slice))
                 {
                     continue;
                 }
@@ -303,8 +303,8 @@ mod tests {
             .services()
             .map(|s| {
                 let inputs = index.inputs(s);
-                let imports: Vec<_> = inputs.imports.iter().map(|i| &i.record).collect();
-                let slices: Vec<_> = inputs.slices.iter().map(|i| &i.record).collect();
+                let imports: Vec<_> = inputs.imports.iter().map(|i| i.record()).collect();
+                let slices: Vec<_> = inputs.slices.iter().map(|i| i.record()).collect();
                 (s.to_string(), format!("{imports:?} {slices:?}"))
             })
             .collect()

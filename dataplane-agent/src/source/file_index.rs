@@ -22,7 +22,7 @@ use dataplane_core::{
     lb::inputs::{ImportInput, SliceInput},
     merge::DUPLICATE,
     model::{
-        NamespacedName,
+        IdRef, NamespacedName,
         by_id::{ById, Identified},
         member::{ExportRecord, LocalSlice, ServiceRecord},
         records::ImportRecord,
@@ -63,7 +63,7 @@ impl<V> Default for Before<V> {
 struct Definitions<V>(SmallVec<[Definition<V>; 1]>);
 
 impl<V: Identified> Identified for Definitions<V> {
-    fn object_id(&self) -> &NamespacedName {
+    fn object_id(&self) -> IdRef<'_> {
         self.0[0].value.object_id()
     }
 }
@@ -88,7 +88,7 @@ impl<V> Default for FileObjects<V> {
 
 impl<V: Clone + PartialEq + Rank + Identified> FileObjects<V> {
     /// The used definition of `id`.
-    pub fn get(&self, id: &NamespacedName) -> Option<&V> {
+    pub fn get<'i>(&self, id: impl Into<IdRef<'i>>) -> Option<&V> {
         let definitions = self.definitions.get(id)?;
         definitions
             .0
@@ -120,8 +120,8 @@ impl<V: Clone + PartialEq + Rank + Identified> FileObjects<V> {
             .chain(objects.iter().map(|o| &o.1))
             .map(Identified::object_id)
         {
-            if !before.0.contains_key(id) {
-                before.0.insert(id.clone(), self.get(id).cloned());
+            if let Entry::Vacant(e) = before.0.entry(id.to_owned()) {
+                e.insert(self.get(id).cloned());
             }
         }
         for id in old.iter().map(Identified::object_id) {
@@ -177,7 +177,7 @@ impl<V: Clone + PartialEq + Rank + Identified> FileObjects<V> {
     }
 
     /// The ids `file` defines, in document order.
-    pub fn ids_of(&self, file: &Path) -> impl Iterator<Item = &NamespacedName> {
+    pub fn ids_of(&self, file: &Path) -> impl Iterator<Item = IdRef<'_>> {
         self.files
             .get(file)
             .into_iter()
@@ -196,7 +196,7 @@ impl<V: Clone + PartialEq + Rank + Identified> FileObjects<V> {
     }
 
     /// Every object with its used definition, in no particular order.
-    pub fn used(&self) -> impl Iterator<Item = (&NamespacedName, &V)> {
+    pub fn used(&self) -> impl Iterator<Item = (IdRef<'_>, &V)> {
         self.definitions
             .iter()
             .map(Identified::object_id)
@@ -216,14 +216,14 @@ impl<V: Clone + PartialEq + Rank + Identified> FileObjects<V> {
 
     /// The file of the first definition of each object (sorted), to name files in
     /// diagnostics.
-    pub fn first_files(&self) -> impl Iterator<Item = (&NamespacedName, &FileName)> {
+    pub fn first_files(&self) -> impl Iterator<Item = (IdRef<'_>, &FileName)> {
         self.definitions
             .iter()
             .map(|list| (list.object_id(), &list.0[0].file))
     }
 
     /// The objects defined more than once, with the file of each definition (sorted).
-    pub fn duplicates(&self) -> impl Iterator<Item = (&NamespacedName, Vec<&FileName>)> {
+    pub fn duplicates(&self) -> impl Iterator<Item = (IdRef<'_>, Vec<&FileName>)> {
         self.definitions
             .iter()
             .filter(|list| list.0.len() > 1)
@@ -231,7 +231,7 @@ impl<V: Clone + PartialEq + Rank + Identified> FileObjects<V> {
     }
 
     /// The files defining `id` when it is defined more than once.
-    pub fn duplicate_files(&self, id: &NamespacedName) -> Option<Vec<&FileName>> {
+    pub fn duplicate_files<'i>(&self, id: impl Into<IdRef<'i>>) -> Option<Vec<&FileName>> {
         let list = self.definitions.get(id).filter(|l| l.0.len() > 1)?;
         Some(list.0.iter().map(|d| &d.file).collect())
     }
@@ -287,7 +287,7 @@ impl Rank for Arc<ImportRecord> {
 impl Rank for ImportInput {
     fn rank(&self, other: &Self) -> Ordering {
         let json = |c: &ImportInput| {
-            c.record
+            c.record()
                 .as_ref()
                 .map(|r| serde_json::to_string(&r.to_k8s()).unwrap_or_default())
         };
@@ -317,8 +317,8 @@ mod tests {
     }
 
     impl Identified for Obj {
-        fn object_id(&self) -> &NamespacedName {
-            &self.0
+        fn object_id(&self) -> IdRef<'_> {
+            self.0.id_ref()
         }
     }
 
@@ -395,7 +395,7 @@ mod tests {
         assert_eq!(index.changes(before), []);
         assert_eq!(
             index.ids_of(Path::new("b.yaml")).collect::<Vec<_>>(),
-            [&id("x")]
+            [id("x").id_ref()]
         );
     }
 
@@ -412,7 +412,10 @@ mod tests {
         assert_eq!(replace(&mut two, "a.yaml", &[("x", "x2")]), []);
         assert_eq!(get(&one, "x"), get(&two, "x"));
         let dups: Vec<_> = one.duplicates().collect();
-        assert_eq!(dups, [(&id("x"), vec![&file("a.yaml"), &file("b.yaml")])]);
+        assert_eq!(
+            dups,
+            [(id("x").id_ref(), vec![&file("a.yaml"), &file("b.yaml")])]
+        );
         // The smaller one's file goes: the other definition is used again.
         assert_eq!(replace(&mut one, "b.yaml", &[]), [(id("x"), Some("x2"))]);
         assert_eq!(one.duplicates().count(), 0);

@@ -380,19 +380,19 @@ mod tests {
             .iter()
             .map(|c| match c {
                 Change::Import(i) => {
-                    let ip = i.record.as_ref().and_then(|r| r.ips.first());
+                    let ip = i.record().and_then(|r| r.ips.first());
                     (
                         "import",
-                        i.id.to_string(),
+                        i.id().to_string(),
                         ip.map(|ip| ip.to_string()).unwrap_or_default(),
                     )
                 }
                 Change::ImportDeleted(id) => ("import deleted", id.to_string(), String::new()),
                 Change::Slice(s) => {
-                    let ep = s.record.as_ref().and_then(|r| r.endpoints.list().next());
+                    let ep = s.record().and_then(|r| r.endpoints.list().next());
                     (
                         "slice",
-                        s.id.to_string(),
+                        s.id().to_string(),
                         ep.map(|e| e.addr.to_string()).unwrap_or_default(),
                     )
                 }
@@ -418,7 +418,7 @@ mod tests {
         let (state, first) = NodeDir::load(dir.path()).expect("load");
         match first {
             Change::Snapshot { imports, slices } => {
-                let ids: BTreeSet<String> = imports.iter().map(|i| i.id.to_string()).collect();
+                let ids: BTreeSet<String> = imports.iter().map(|i| i.id().to_string()).collect();
                 assert_eq!(ids, BTreeSet::from(["demo/api".into(), "demo/web".into()]));
                 assert_eq!(slices.len(), 1);
             }

@@ -65,7 +65,7 @@ fn unique_import<'a>(
     imports: &'a [Arc<Converted<ImportRecord>>],
     warnings: &mut Vec<LbWarning>,
 ) -> Option<&'a ImportRecord> {
-    let mut records = imports.iter().filter_map(|c| c.record.as_ref());
+    let mut records = imports.iter().filter_map(|c| c.record());
     let first = records.next()?;
     let rest: Vec<&ImportRecord> = records.collect();
     if rest.is_empty() {
@@ -114,13 +114,13 @@ impl PartBuilder {
         }
         for c in inputs.slices {
             part.warnings.extend(warnings_of(c, "EndpointSlice"));
-            if let Some(slice) = &c.record {
+            if let Some(slice) = c.record() {
                 for ep in slice.endpoints.list() {
                     if let Err(why) = policy.check_backend(&slice.cluster, ep.addr) {
                         refused_backends.push((slice.cluster.clone(), ep.addr));
                         part.refused.push((AddressUse::Backend, why));
                         part.warnings.push(LbWarning {
-                            object: format!("EndpointSlice {}", c.id),
+                            object: format!("EndpointSlice {}", c.id()),
                             message: format!(
                                 "endpoint {} of cluster {} is {why}; not programmed",
                                 ep.addr, slice.cluster
@@ -129,10 +129,10 @@ impl PartBuilder {
                     }
                 }
             }
-            for p in c.record.iter().flat_map(|s| s.ports.iter()) {
+            for p in c.record().iter().flat_map(|s| s.ports.iter()) {
                 if p.protocol == PortProtocol::Sctp {
                     part.warnings.push(LbWarning {
-                        object: format!("EndpointSlice {}", c.id),
+                        object: format!("EndpointSlice {}", c.id()),
                         message: format!(
                             "port {:?}: protocol SCTP is not load-balanced at socket level",
                             &*p.name
@@ -141,7 +141,7 @@ impl PartBuilder {
                 }
             }
         }
-        let slices = by_cluster(inputs.slices.iter().filter_map(|c| c.record.as_ref()));
+        let slices = by_cluster(inputs.slices.iter().filter_map(|c| c.record()));
         if let Some(si) = unique_import(inputs.imports, &mut part.warnings) {
             let vips = build_import(
                 si,
@@ -186,7 +186,7 @@ fn vips_of<'m>(
 fn listed_ips(imports: &[Arc<Converted<ImportRecord>>]) -> Vec<IpAddr> {
     let mut ips: Vec<IpAddr> = imports
         .iter()
-        .filter_map(|c| c.record.as_ref())
+        .filter_map(|c| c.record())
         .flat_map(|si| si.ips.iter().copied())
         .collect();
     ips.sort_unstable();

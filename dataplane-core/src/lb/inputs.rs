@@ -19,7 +19,7 @@ use foldhash::{HashMap, HashMapExt as _};
 
 use super::ServiceInputs;
 use crate::model::{
-    EndpointSlice, Interner, NamespacedName, ServiceImport,
+    EndpointSlice, IdRef, Interner, NamespacedName, ServiceImport,
     by_id::ById,
     records::{Converted, ImportRecord, ImportedSlice},
 };
@@ -72,39 +72,8 @@ impl Change {
 }
 
 /// A record the merge made, filed as the node files converted objects.
-pub fn record_input<T: Record>(record: T) -> Arc<Converted<T>> {
-    Arc::new(Converted {
-        id: record.id(),
-        service: Some(record.service().clone()),
-        record: Some(record),
-        warnings: Box::default(),
-    })
-}
-
-/// What the index needs to know of a record to file it.
-pub trait Record {
-    /// The object's namespace/name.
-    fn id(&self) -> NamespacedName;
-    /// The service it belongs to.
-    fn service(&self) -> &NamespacedName;
-}
-
-impl Record for ImportRecord {
-    fn id(&self) -> NamespacedName {
-        self.service.clone()
-    }
-    fn service(&self) -> &NamespacedName {
-        &self.service
-    }
-}
-
-impl Record for ImportedSlice {
-    fn id(&self) -> NamespacedName {
-        NamespacedName::new(self.service.namespace.clone(), self.name.clone())
-    }
-    fn service(&self) -> &NamespacedName {
-        &self.service
-    }
+pub fn record_input<T>(record: T) -> Arc<Converted<T>> {
+    Arc::new(Converted::new(record, Vec::new()))
 }
 
 /// A ServiceImport converted for the node (status, labels and annotations dropped).
@@ -186,7 +155,7 @@ impl InputIndex {
             Change::Imports(imports) => self.replace_imports(imports, dirty),
             Change::Slices(slices) => self.replace_slices(slices, dirty),
             Change::Import(si) => {
-                let service = si.id.clone();
+                let service = si.id().to_owned();
                 let objects = self.services.entry(service.clone()).or_default();
                 if !same(&objects.imports, std::slice::from_ref(&si)) {
                     objects.imports = vec![si];
@@ -203,34 +172,34 @@ impl InputIndex {
                 }
             }
             Change::Slice(slice) => {
-                if let Some(old) = self.slices.get(&slice.id)
+                if let Some(old) = self.slices.get(slice.id())
                     && (Arc::ptr_eq(old, &slice) || **old == *slice)
                 {
                     return;
                 }
-                self.remove_slice(&slice.id, dirty);
-                if let Some(service) = slice.service.clone() {
+                self.remove_slice(slice.id(), dirty);
+                if let Some(service) = slice.service().cloned() {
                     self.slices.insert(slice.clone());
                     let slices = &mut self.services.entry(service.clone()).or_default().slices;
-                    let at = slices.partition_point(|s| s.id.name <= slice.id.name);
+                    let at = slices.partition_point(|s| s.id().name <= slice.id().name);
                     slices.insert(at, slice);
                     dirty.insert(service);
                 }
             }
-            Change::SliceDeleted(id) => self.remove_slice(&id, dirty),
+            Change::SliceDeleted(id) => self.remove_slice(id.id_ref(), dirty),
         }
     }
 
     /// Unfiles the slice `id`, if filed.
-    fn remove_slice(&mut self, id: &NamespacedName, dirty: &mut BTreeSet<NamespacedName>) {
+    fn remove_slice(&mut self, id: IdRef<'_>, dirty: &mut BTreeSet<NamespacedName>) {
         let Some(old) = self.slices.remove(id) else {
             return;
         };
-        let Some(service) = old.service.clone() else {
+        let Some(service) = old.service().cloned() else {
             return;
         };
         if let Some(objects) = self.services.get_mut(&service) {
-            objects.slices.retain(|s| s.id.name != old.id.name);
+            objects.slices.retain(|s| s.id().name != old.id().name);
             self.drop_if_empty(&service);
         }
         dirty.insert(service);
@@ -251,7 +220,7 @@ impl InputIndex {
         let mut new: HashMap<NamespacedName, Vec<ImportInput>> =
             HashMap::with_capacity(imports.len());
         for si in imports {
-            new.entry(si.id.clone()).or_default().push(si);
+            new.entry(si.id().to_owned()).or_default().push(si);
         }
         let gone: Vec<NamespacedName> = self
             .services
@@ -269,7 +238,7 @@ impl InputIndex {
         for (service, mut imports) in new {
             // Duplicates (a directory defining one import twice) in a fixed order.
             if imports.len() > 1 {
-                imports.sort_by_cached_key(|c| format!("{:?}", c.record));
+                imports.sort_by_cached_key(|c| format!("{:?}", c.record()));
             }
             let objects = self.services.entry(service.clone()).or_default();
             if !same(&objects.imports, &imports) {
@@ -285,14 +254,14 @@ impl InputIndex {
         let mut new: HashMap<NamespacedName, Vec<SliceInput>> = HashMap::new();
         for slice in slices {
             // Slices without the label belong to no service (the sources select on it).
-            if let Some(service) = slice.service.clone() {
+            if let Some(service) = slice.service().cloned() {
                 by_name.insert(slice.clone());
                 new.entry(service).or_default().push(slice);
             }
         }
         self.slices = by_name;
         for list in new.values_mut() {
-            list.sort_by(|a, b| a.id.name.cmp(&b.id.name));
+            list.sort_by(|a, b| a.id().name.cmp(b.id().name));
         }
         let gone: Vec<NamespacedName> = self
             .services

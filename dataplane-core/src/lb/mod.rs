@@ -29,7 +29,7 @@ use serde::Serialize;
 use crate::model::{
     ClusterId, DEFAULT_AFFINITY_TIMEOUT_S, EndpointSlice, IpFamily, NamespacedName, ServiceImport,
     ServiceImportType,
-    records::{Converted, Endpoint, ImportRecord, ImportedSlice, PortProtocol},
+    records::{Converted, Endpoint, ImportRecord, ImportedSlice, PortProtocol, Record},
 };
 use crate::policy::{AddressPolicy, AddressUse, Refusal};
 
@@ -196,7 +196,7 @@ pub fn build(imports: &[ServiceImport], slices: &[EndpointSlice]) -> LbTable {
     let mut filed = Vec::with_capacity(slices.len());
     for slice in slices {
         let converted = inputs::slice_input(slice, &names);
-        if converted.service.is_none() {
+        if converted.service().is_none() {
             // A slice of no service: reported here, as no service's part carries it.
             unfiled.extend(warnings_of(&converted, "EndpointSlice"));
         } else {
@@ -237,8 +237,11 @@ fn build_inputs(
 }
 
 /// The warnings of a converted object, named `kind namespace/name`.
-fn warnings_of<'a, T>(c: &'a Converted<T>, kind: &str) -> impl Iterator<Item = LbWarning> + 'a {
-    let object = format!("{kind} {}", c.id);
+fn warnings_of<'a, T: Record>(
+    c: &'a Converted<T>,
+    kind: &str,
+) -> impl Iterator<Item = LbWarning> + 'a {
+    let object = format!("{kind} {}", c.id());
     c.warnings.iter().map(move |message| LbWarning {
         object: object.clone(),
         message: message.clone(),

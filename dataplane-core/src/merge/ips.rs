@@ -231,7 +231,7 @@ mod tests {
     /// The record of a fixture import.
     fn record(builder: crate::fixtures::ImportBuilder) -> ImportRecord {
         ImportRecord::from_k8s(&builder.build(), &crate::model::Interner::new(), false)
-            .record
+            .into_record()
             .expect("an import always converts")
     }
 

@@ -229,7 +229,7 @@ fn arb_existing() -> impl Strategy<Value = Vec<ImportRecord>> {
                     &Interner::new(),
                     false,
                 )
-                .record
+                .into_record()
                 .expect("an import always converts")
             }),
         0..4,

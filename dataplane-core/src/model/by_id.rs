@@ -8,20 +8,20 @@ use foldhash::fast::RandomState;
 use hashbrown::{HashTable, hash_table::Entry};
 
 use super::{
-    NamespacedName,
+    IdRef,
     member::{ExportRecord, LocalSlice, ServiceRecord},
-    records::{Converted, ImportRecord},
+    records::{Converted, ImportRecord, Record},
 };
 
 /// A record that names the object it stands for.
 pub trait Identified {
     /// The object's namespace/name.
-    fn object_id(&self) -> &NamespacedName;
+    fn object_id(&self) -> IdRef<'_>;
 }
 
-impl<T> Identified for Arc<Converted<T>> {
-    fn object_id(&self) -> &NamespacedName {
-        &self.id
+impl<T: Record> Identified for Arc<Converted<T>> {
+    fn object_id(&self) -> IdRef<'_> {
+        self.id()
     }
 }
 
@@ -29,8 +29,8 @@ impl<T> Identified for Arc<Converted<T>> {
 macro_rules! identified_by_field {
     ($($record:ty => $field:ident),* $(,)?) => {$(
         impl Identified for Arc<$record> {
-            fn object_id(&self) -> &NamespacedName {
-                &self.$field
+            fn object_id(&self) -> IdRef<'_> {
+                self.$field.id_ref()
             }
         }
     )*};
@@ -76,18 +76,20 @@ impl<T: Identified> ById<T> {
         }
     }
 
-    fn hash(hasher: &RandomState, id: &NamespacedName) -> u64 {
+    fn hash(hasher: &RandomState, id: IdRef<'_>) -> u64 {
         hasher.hash_one(id)
     }
 
     /// The record of `id`.
-    pub fn get(&self, id: &NamespacedName) -> Option<&T> {
+    pub fn get<'i>(&self, id: impl Into<IdRef<'i>>) -> Option<&T> {
+        let id = id.into();
         self.table
             .find(Self::hash(&self.hasher, id), |r| r.object_id() == id)
     }
 
     /// The record of `id`, to change in place (its id must stay the same).
-    pub fn get_mut(&mut self, id: &NamespacedName) -> Option<&mut T> {
+    pub fn get_mut<'i>(&mut self, id: impl Into<IdRef<'i>>) -> Option<&mut T> {
+        let id = id.into();
         self.table
             .find_mut(Self::hash(&self.hasher, id), |r| r.object_id() == id)
     }
@@ -110,7 +112,8 @@ impl<T: Identified> ById<T> {
     }
 
     /// Unfiles the record of `id`.
-    pub fn remove(&mut self, id: &NamespacedName) -> Option<T> {
+    pub fn remove<'i>(&mut self, id: impl Into<IdRef<'i>>) -> Option<T> {
+        let id = id.into();
         self.table
             .find_entry(Self::hash(&self.hasher, id), |r| r.object_id() == id)
             .ok()
@@ -136,13 +139,14 @@ impl<T: Identified> ById<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::NamespacedName;
 
     #[derive(Clone, Debug, PartialEq)]
     struct Rec(NamespacedName, u32);
 
     impl Identified for Rec {
-        fn object_id(&self) -> &NamespacedName {
-            &self.0
+        fn object_id(&self) -> IdRef<'_> {
+            self.0.id_ref()
         }
     }
 

@@ -19,8 +19,8 @@ use k8s_openapi::api::discovery::v1::{
 };
 
 use super::{
-    ClusterId, IpFamily, LABEL_MANAGED_BY, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, MANAGED_BY,
-    NamespacedName, ObjectMeta, ServiceImport, ServiceImportSpec, ServiceImportStatus,
+    ClusterId, IdRef, IpFamily, LABEL_MANAGED_BY, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER,
+    MANAGED_BY, NamespacedName, ObjectMeta, ServiceImport, ServiceImportSpec, ServiceImportStatus,
     ServiceImportType, ServicePort, SessionAffinityConfig, key,
     name::{Interner, Name},
     parse_ip,
@@ -387,15 +387,98 @@ pub struct ImportedSlice {
 /// A record and what its conversion dropped, in the lb table's words.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Converted<T> {
-    /// The object's namespace/name.
-    pub id: NamespacedName,
-    /// The service it belongs to: an import's own namespace/name, a slice's namespace and
-    /// service-name label (`None` without the label).
-    pub service: Option<NamespacedName>,
-    /// The record, or `None` when nothing usable is left.
-    pub record: Option<T>,
+    /// The record, or the object's names when nothing usable is left. The record names its
+    /// object itself, so a usable one (nearly all) carries no second copy of them.
+    outcome: Result<T, Box<Unusable>>,
     /// What was dropped, and why.
     pub warnings: Box<[String]>,
+}
+
+/// The names of an object that gave no record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Unusable {
+    id: NamespacedName,
+    service: Option<NamespacedName>,
+}
+
+/// What a record names of the object it stands for.
+pub trait Record {
+    /// The object's namespace/name.
+    fn id(&self) -> IdRef<'_>;
+    /// The service it belongs to.
+    fn service(&self) -> &NamespacedName;
+}
+
+impl Record for ImportRecord {
+    fn id(&self) -> IdRef<'_> {
+        self.service.id_ref()
+    }
+    fn service(&self) -> &NamespacedName {
+        &self.service
+    }
+}
+
+impl Record for ImportedSlice {
+    fn id(&self) -> IdRef<'_> {
+        IdRef {
+            namespace: &self.service.namespace,
+            name: &self.name,
+        }
+    }
+    fn service(&self) -> &NamespacedName {
+        &self.service
+    }
+}
+
+impl<T> Converted<T> {
+    /// A usable record.
+    pub fn new(record: T, warnings: Vec<String>) -> Self {
+        Converted {
+            outcome: Ok(record),
+            warnings: warnings.into_boxed_slice(),
+        }
+    }
+
+    /// An object that gave no record: its namespace/name and, when known, its service.
+    pub fn unusable(
+        id: NamespacedName,
+        service: Option<NamespacedName>,
+        warnings: Vec<String>,
+    ) -> Self {
+        Converted {
+            outcome: Err(Box::new(Unusable { id, service })),
+            warnings: warnings.into_boxed_slice(),
+        }
+    }
+
+    /// The record, or `None` when nothing usable is left.
+    pub fn record(&self) -> Option<&T> {
+        self.outcome.as_ref().ok()
+    }
+
+    /// The record, taken out.
+    pub fn into_record(self) -> Option<T> {
+        self.outcome.ok()
+    }
+}
+
+impl<T: Record> Converted<T> {
+    /// The object's namespace/name.
+    pub fn id(&self) -> IdRef<'_> {
+        match &self.outcome {
+            Ok(record) => record.id(),
+            Err(unusable) => unusable.id.id_ref(),
+        }
+    }
+
+    /// The service it belongs to: an import's own namespace/name, a slice's namespace and
+    /// service-name label (`None` without the label).
+    pub fn service(&self) -> Option<&NamespacedName> {
+        match &self.outcome {
+            Ok(record) => Some(record.service()),
+            Err(unusable) => unusable.service.as_ref(),
+        }
+    }
 }
 
 impl ImportedSlice {
@@ -421,12 +504,13 @@ impl ImportedSlice {
             .and_then(|l| l.get(LABEL_SERVICE_NAME))
             .map(|s| NamespacedName::new(namespace.clone(), names.intern(s)));
         let mut warnings = Vec::new();
-        let record = Self::convert(slice, &slice_name, names, service.as_ref(), &mut warnings);
-        Converted {
-            id: NamespacedName::new(namespace, slice_name),
-            service,
-            record,
-            warnings: warnings.into_boxed_slice(),
+        match Self::convert(slice, &slice_name, names, service.as_ref(), &mut warnings) {
+            Some(record) => Converted::new(record, warnings),
+            None => Converted::unusable(
+                NamespacedName::new(namespace, slice_name),
+                service,
+                warnings,
+            ),
         }
     }
 
@@ -642,12 +726,7 @@ impl ImportRecord {
             },
             status: if keep_meta { si.status.clone() } else { None },
         };
-        Converted {
-            id: id.clone(),
-            service: Some(id),
-            record: Some(record),
-            warnings: warnings.into_boxed_slice(),
-        }
+        Converted::new(record, warnings)
     }
 
     /// The ServiceImport this record stands for.

@@ -438,7 +438,7 @@ pub fn reconcile_unlabelled(observed: &ObservedIndex) -> Vec<Action> {
 /// spec: {type: ClusterSetIP, ports: [{port: 80}]}",
 /// )
 /// .unwrap();
-/// let record = ImportRecord::from_k8s(&web, &Interner::new(), true).record.unwrap();
+/// let record = ImportRecord::from_k8s(&web, &Interner::new(), true).into_record().unwrap();
 /// plan.service_imports.push(record);
 ///
 /// // Nothing observed yet: the import is applied, then its status.

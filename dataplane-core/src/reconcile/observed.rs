@@ -92,7 +92,7 @@ impl ObservedImport {
     /// Reads a ServiceImport.
     pub fn from_k8s(si: &ServiceImport, names: &Interner) -> Option<Self> {
         Some(ObservedImport {
-            record: ImportRecord::from_k8s(si, names, true).record?,
+            record: ImportRecord::from_k8s(si, names, true).into_record()?,
             labels: OwnedMap::of(&si.metadata, "labels"),
             annotations: OwnedMap::of(&si.metadata, "annotations"),
             uid: si.metadata.uid.clone(),
@@ -123,11 +123,11 @@ impl ObservedSlice {
     pub fn from_k8s(slice: &EndpointSlice, names: &Interner) -> Self {
         let converted = ImportedSlice::from_k8s(slice, names);
         // A slice with warnings differs from anything the merge writes: it is rewritten.
-        let record = converted.record.filter(|_| converted.warnings.is_empty());
+        let clean = converted.warnings.is_empty();
         ObservedSlice {
-            id: converted.id,
-            service: converted.service,
-            record,
+            id: converted.id().to_owned(),
+            service: converted.service().cloned(),
+            record: converted.into_record().filter(|_| clean),
             labels: OwnedMap::of(&slice.metadata, "labels"),
             uid: slice.metadata.uid.clone(),
             resource_version: resource_version(&slice.metadata),
