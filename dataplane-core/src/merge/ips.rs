@@ -17,10 +17,13 @@
 //! with `ipFamilies`), whatever the existing imports hold, and the caller marks them
 //! `Ready=False`.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::{BTreeMap, HashMap},
+    hash::BuildHasher,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use foldhash::{HashSet, HashSetExt};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::ClusterSetCidrs;
 use crate::model::{IpFamily, NamespacedName};
@@ -47,28 +50,53 @@ pub fn fnv1a_parts(parts: &[&[u8]]) -> u64 {
     h
 }
 
-/// The usable addresses of one CIDR: offsets `1..=usable` from the network address.
-struct Pool {
+/// The usable addresses of one CIDR: offsets `1..=usable` from the network address. The
+/// addresses held outside the requests are looked up where they are kept, not copied: an
+/// update of one service allocates against 10,000 held addresses.
+struct Pool<'a, S> {
     family: IpFamily,
     base: u128,
     /// Number of usable offsets (0 when the CIDR is too small); capped at 2^64.
     usable: u128,
+    /// Held by services outside the requests.
+    held: &'a HashMap<IpAddr, NamespacedName, S>,
+    /// How many of `held` are usable addresses of this pool.
+    held_here: u128,
+    /// Given to the requests so far.
     taken: HashSet<u128>,
 }
 
-impl Pool {
-    fn new(family: IpFamily, base: u128, host_bits: u32) -> Self {
+impl<'a, S: BuildHasher> Pool<'a, S> {
+    fn new(
+        family: IpFamily,
+        base: u128,
+        host_bits: u32,
+        held: &'a HashMap<IpAddr, NamespacedName, S>,
+    ) -> Self {
         let usable = if host_bits >= 65 {
             1u128 << 64
         } else {
             (1u128 << host_bits).saturating_sub(2)
         };
-        Self {
+        let mut pool = Self {
             family,
             base,
             usable,
+            held,
+            held_here: 0,
             taken: HashSet::new(),
-        }
+        };
+        pool.held_here = held
+            .keys()
+            .filter(|ip| pool.offset_of(ip).is_some())
+            .count() as u128;
+        pool
+    }
+
+    /// Usable offsets nobody holds yet.
+    fn free(&self) -> u128 {
+        self.usable
+            .saturating_sub(self.held_here + self.taken.len() as u128)
     }
 
     fn offset_of(&self, ip: &IpAddr) -> Option<u128> {
@@ -89,9 +117,10 @@ impl Pool {
         }
     }
 
+    /// Takes `ip` for a request, if it is a usable address nobody holds.
     fn claim(&mut self, ip: &IpAddr) -> bool {
         match self.offset_of(ip) {
-            Some(off) => self.taken.insert(off),
+            Some(off) => !self.held.contains_key(ip) && self.taken.insert(off),
             None => false,
         }
     }
@@ -107,8 +136,9 @@ impl Pool {
         let mut i: u128 = 0;
         while i < self.usable {
             let off = 1 + (start + i) % self.usable;
-            if self.taken.insert(off) {
-                return Some(self.addr(off));
+            let addr = self.addr(off);
+            if !self.held.contains_key(&addr) && self.taken.insert(off) {
+                return Some(addr);
             }
             i += 1;
         }
@@ -129,39 +159,32 @@ pub(crate) struct Allocation {
 /// never handing out an address in `taken` (held by services outside the requests).
 pub(crate) fn allocate<S>(
     requests: &[Request<'_>],
-    existing: &std::collections::HashMap<NamespacedName, Vec<IpAddr>, S>,
+    existing: &HashMap<NamespacedName, Vec<IpAddr>, S>,
     cidrs: &ClusterSetCidrs,
-    taken: &std::collections::HashMap<IpAddr, NamespacedName, S>,
+    taken: &HashMap<IpAddr, NamespacedName, S>,
 ) -> Allocation
 where
-    S: std::hash::BuildHasher,
+    S: BuildHasher,
 {
     let mut v4 = Pool::new(
         IpFamily::IPv4,
         u128::from(u32::from(cidrs.ipv4.network())),
         u32::from(32 - cidrs.ipv4.prefix_len()),
+        taken,
     );
     let mut v6 = Pool::new(
         IpFamily::IPv6,
         u128::from(cidrs.ipv6.network()),
         u32::from(128 - cidrs.ipv6.prefix_len()),
+        taken,
     );
-    for ip in taken.keys() {
-        match ip {
-            IpAddr::V4(_) => v4.claim(ip),
-            IpAddr::V6(_) => v6.claim(ip),
-        };
-    }
     let mut sorted: Vec<Request<'_>> = requests.to_vec();
     sorted.sort_by(|a, b| a.service.cmp(b.service));
     // Which services get IPs at all depends only on the requests, never on the existing
     // imports: when a CIDR is too small, the first services in namespace/name order take it.
     // Stickiness then only decides which address each one gets, so feeding the result back
     // cannot change who has an IP.
-    let (mut left4, mut left6) = (
-        v4.usable.saturating_sub(v4.taken.len() as u128),
-        v6.usable.saturating_sub(v6.taken.len() as u128),
-    );
+    let (mut left4, mut left6) = (v4.free(), v6.free());
     let mut starved = Vec::new();
     sorted.retain(|r| {
         let need4 = u128::from(r.families.contains(&IpFamily::IPv4));

@@ -508,8 +508,10 @@ impl MergeState {
             .collect()
     }
 
-    /// Merges `batch` alone; `Err` when a full merge is needed instead (nothing is changed
-    /// then).
+    /// Merges `batch` alone; `Err` when a full merge is needed instead. The outputs are then
+    /// unchanged, but the slice names and IP owners may be half-updated: the caller's full
+    /// merge rebuilds them. Nothing is copied to undo them, so an update costs what its batch
+    /// holds, not what the whole ClusterSet does.
     fn update_batch(&mut self, batch: &BTreeSet<NamespacedName>) -> Result<(), Contention> {
         let mut existing = HashMap::with_capacity(batch.len());
         let mut releases_ips = false;
@@ -533,7 +535,6 @@ impl MergeState {
         }
         self.names = names;
         released?;
-        let ip_owners = self.ip_owners.clone();
         for s in batch {
             if let Some(import) = self.outputs.get(s).and_then(|o| o.import.as_ref()) {
                 for ip in &import.ips {
@@ -541,28 +542,18 @@ impl MergeState {
                 }
             }
         }
-        let names_before = (self.names.used.clone(), self.names.contested.clone());
-        match self.merge_batch(batch, &existing, true) {
-            Ok(outputs) => {
-                for (s, out) in outputs {
-                    self.starved.remove(&s);
-                    match out {
-                        Some(out) => {
-                            self.outputs.insert(s, out);
-                        }
-                        None => {
-                            self.outputs.remove(&s);
-                        }
-                    }
+        for (s, out) in self.merge_batch(batch, &existing, true)? {
+            self.starved.remove(&s);
+            match out {
+                Some(out) => {
+                    self.outputs.insert(s, out);
                 }
-                Ok(())
-            }
-            Err(c) => {
-                self.ip_owners = ip_owners;
-                (self.names.used, self.names.contested) = names_before;
-                Err(c)
+                None => {
+                    self.outputs.remove(&s);
+                }
             }
         }
+        Ok(())
     }
 
     /// Forgets every output and merges every service, in namespace/name order.
