@@ -1,6 +1,7 @@
 //! The control-plane benchmark's measurements work and measure what they say: real kernel
-//! maps hold the synced services, every change is timed, and an EndpointSlice edit in the
-//! API server reaches the node agent's maps. Small sizes: this checks the bench, it does not
+//! maps hold the synced services, every change is timed, an EndpointSlice edit in the API
+//! server reaches the node agent's maps, and a member's EndpointSlice edit reaches the
+//! controller's imported slice. Small sizes: this checks the bench, it does not
 //! time anything (`cargo xtask bench` does).
 
 use dataplane_core::fixtures::synthetic::Shape;
@@ -25,6 +26,7 @@ fn control_bench_measures_real_maps_and_the_agent() {
         change_samples: 10,
         event_changes: 20,
         rss_shapes: vec![shape],
+        controller_changes: 20,
     })
     .expect("control bench");
 
@@ -55,4 +57,13 @@ fn control_bench_measures_real_maps_and_the_agent() {
             "{f:?}"
         );
     }
+    // The controller role wrote every import and imported slice into member 0 (checked
+    // inside), and every member's slice edit reached its imported slice there.
+    let controller = report.controller.expect("controller run");
+    assert_eq!(
+        controller.timeouts, 0,
+        "every edit reached the imported slice"
+    );
+    assert_eq!(controller.latency.samples, 20);
+    assert!(controller.rss_mib > 1.0 && controller.peak_mib >= controller.rss_mib);
 }

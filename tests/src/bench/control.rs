@@ -1,6 +1,6 @@
 //! The control-plane half of `cargo xtask bench`: merge and lb build, map syncs into real
 //! (pinned, kernel) maps, the latency from one imported EndpointSlice change in an API server
-//! to the map write, and the agent's memory.
+//! to the map write, and the agent's memory (the controller role's in `controller.rs`).
 //!
 //! Kernel maps are created by the agent's own loader and attached to a child cgroup that no
 //! process joins; everything is removed afterwards (the [`Topology`] guard).
@@ -27,7 +27,10 @@ use dataplane_core::{
 };
 use serde::Serialize;
 
-use super::stats::{Summary, median, summarize};
+use super::{
+    controller::{ControllerRun, controller_run},
+    stats::{Summary, median, summarize},
+};
 use crate::{agent::Agent, fake_apiserver::FakeApiServer, netns::Topology};
 
 /// What to measure.
@@ -45,6 +48,8 @@ pub struct ControlOptions {
     pub event_changes: usize,
     /// Shapes whose agent RSS is measured (the first is `shape` itself, from the event run).
     pub rss_shapes: Vec<Shape>,
+    /// Member EndpointSlice changes timed through a controller-role agent (0 skips it).
+    pub controller_changes: usize,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -112,6 +117,7 @@ pub struct ControlReport {
     pub event_to_map: Option<EventToMap>,
     pub rss: Vec<Rss>,
     pub files: Vec<FilesRss>,
+    pub controller: Option<ControllerRun>,
 }
 
 /// Only the agents fed from files (`mcs-bench --only files`).
@@ -119,6 +125,22 @@ pub fn run_files(opts: &ControlOptions) -> anyhow::Result<ControlReport> {
     eprintln!("bench: agents fed from files, {}", opts.shape);
     Ok(ControlReport {
         files: files_rss(opts.shape, &plan_for(opts.shape))?,
+        ..ControlReport::default()
+    })
+}
+
+/// Only the controller role (`mcs-bench --only controller`).
+pub fn run_controller(opts: &ControlOptions) -> anyhow::Result<ControlReport> {
+    eprintln!(
+        "bench: controller role, {} member EndpointSlice changes, {}",
+        opts.controller_changes, opts.shape
+    );
+    Ok(ControlReport {
+        controller: Some(controller_run(
+            opts.shape,
+            &plan_for(opts.shape),
+            opts.controller_changes,
+        )?),
         ..ControlReport::default()
     })
 }
@@ -151,6 +173,13 @@ pub fn run(opts: &ControlOptions) -> anyhow::Result<ControlReport> {
         report.rss.push(rss);
         eprintln!("bench: agents fed from files, {}", opts.shape);
         report.files = files_rss(opts.shape, &plan)?;
+        if opts.controller_changes > 0 {
+            eprintln!(
+                "bench: controller role, {} member EndpointSlice changes, {}",
+                opts.controller_changes, opts.shape
+            );
+            report.controller = Some(controller_run(opts.shape, &plan, opts.controller_changes)?);
+        }
         drop(plan);
         for &shape in opts.rss_shapes.iter().filter(|s| **s != opts.shape) {
             eprintln!("bench: agent memory, {shape}");
@@ -162,7 +191,7 @@ pub fn run(opts: &ControlOptions) -> anyhow::Result<ControlReport> {
     Ok(report)
 }
 
-fn importing() -> dataplane_core::model::ClusterId {
+pub(crate) fn importing() -> dataplane_core::model::ClusterId {
     synthetic::cluster_id(0)
 }
 
@@ -293,7 +322,7 @@ fn map_change(services: usize, samples: usize) -> anyhow::Result<MapChange> {
 }
 
 /// An address no synthetic endpoint has (100.64.0.0/10).
-fn fresh_ip(i: usize) -> IpAddr {
+pub(crate) fn fresh_ip(i: usize) -> IpAddr {
     IpAddr::V4(std::net::Ipv4Addr::new(
         100,
         64 + ((i >> 16) & 63) as u8,
@@ -479,32 +508,9 @@ fn event_to_map(
             importing()
         ),
     )?;
-    let metrics = format!("127.0.0.1:{}", free_port()?);
-    let health = format!("127.0.0.1:{}", free_port()?);
     let caps = capacity_args(&topo, plan);
-    let mut args = vec![
-        "run",
-        "--config",
-        path_str(&config)?,
-        "--roles",
-        "node",
-        "--identity",
-        "bench",
-        "--metrics-address",
-        &metrics,
-        "--health-address",
-        &health,
-    ];
-    args.extend(caps.iter().map(String::as_str));
     let started = Instant::now();
-    let mut agent = Agent::start_with_env(
-        &topo,
-        &args,
-        &[
-            ("KUBECONFIG", path_str(&kubeconfig_path)?),
-            ("RUST_LOG", "warn"),
-        ],
-    )?;
+    let mut agent = start_on_api(&topo, &config, "node", &kubeconfig_path, &caps)?;
     let frontends = first_frontends(plan);
     let last = *frontends.values().last().context("no services")?;
     let maps = wait_for_maps(&mut agent, &topo.pin_dir, &last, Duration::from_secs(600))?;
@@ -571,7 +577,39 @@ fn event_to_map(
     ))
 }
 
-fn path_str(p: &Path) -> anyhow::Result<&str> {
+/// Starts `run --config CONFIG --roles ROLE` (and `extra`), its local cluster's API server
+/// the one of `kubeconfig`, with free metrics and health ports.
+pub(crate) fn start_on_api(
+    topo: &Topology,
+    config: &Path,
+    role: &str,
+    kubeconfig: &Path,
+    extra: &[String],
+) -> anyhow::Result<Agent> {
+    let metrics = format!("127.0.0.1:{}", free_port()?);
+    let health = format!("127.0.0.1:{}", free_port()?);
+    let mut args = vec![
+        "run",
+        "--config",
+        path_str(config)?,
+        "--roles",
+        role,
+        "--identity",
+        "bench",
+        "--metrics-address",
+        &metrics,
+        "--health-address",
+        &health,
+    ];
+    args.extend(extra.iter().map(String::as_str));
+    Agent::start_with_env(
+        topo,
+        &args,
+        &[("KUBECONFIG", path_str(kubeconfig)?), ("RUST_LOG", "warn")],
+    )
+}
+
+pub(crate) fn path_str(p: &Path) -> anyhow::Result<&str> {
     p.to_str().context("non-UTF-8 path")
 }
 

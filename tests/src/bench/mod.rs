@@ -2,6 +2,7 @@
 //! the control plane at scale, and `clusterset.local` DNS against NSD. Run by the `mcs-bench` binary.
 
 pub mod control;
+pub mod controller;
 pub mod datapath;
 pub mod dns;
 pub mod plot;

@@ -189,6 +189,26 @@ pub fn goals(report: &BenchReport) -> Vec<Goal> {
                 met: r.rss_mib < 100.0,
             });
         }
+        if let Some(c) = cp
+            .controller
+            .as_ref()
+            .filter(|c| c.shape == Shape::CONTROL_PLANE)
+        {
+            goals.push(Goal {
+                goal: "controller RSS holding 5 members' Services, exports and slices: <= 256 MiB"
+                    .into(),
+                measured: format!("{:.0} MiB (peak {:.0} MiB)", c.rss_mib, c.peak_mib),
+                met: c.rss_mib <= 256.0,
+            });
+            goals.push(Goal {
+                goal: "member EndpointSlice change to imported slice written: p99 <= 1 ms".into(),
+                measured: format!(
+                    "p50 {:.2} ms, p99 {:.2} ms over {} changes ({} timed out)",
+                    c.latency.p50_ms, c.latency.p99_ms, c.latency.samples, c.timeouts
+                ),
+                met: c.latency.p99_ms <= 1.0 && c.timeouts == 0 && c.latency.samples > 0,
+            });
+        }
     }
     goals
 }
@@ -469,6 +489,23 @@ fn control_tables(out: &mut String, cp: &ControlReport) {
             out,
             "| agent RSS (`{}`), {} | {:.0} MiB (peak {:.0} MiB; in sync after {:.1} s) |",
             f.mode, r.shape, r.rss_mib, r.peak_mib, r.startup_secs
+        );
+    }
+    if let Some(c) = &cp.controller {
+        let _ = writeln!(
+            out,
+            "| agent RSS (controller role, {} members on the API), {} | {:.0} MiB (peak {:.0} MiB; every import and slice written after {:.1} s) |",
+            c.shape.clusters, c.shape, c.rss_mib, c.peak_mib, c.startup_secs
+        );
+        let _ = writeln!(
+            out,
+            "| member EndpointSlice change to imported slice written (controller role), {} | p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} changes, {} timed out) |",
+            c.shape,
+            c.latency.p50_ms,
+            c.latency.p99_ms,
+            c.latency.max_ms,
+            c.latency.samples,
+            c.timeouts
         );
     }
     out.push('\n');

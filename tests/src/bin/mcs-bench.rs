@@ -32,8 +32,9 @@ struct Args {
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
     /// Run only the datapath, the control-plane or the DNS part, or of the control plane only
-    /// the agents fed from files (`node --from-dir`, `run --clusterset-dir`).
-    #[arg(long, value_parser = ["datapath", "control", "dns", "files"])]
+    /// the agents fed from files (`node --from-dir`, `run --clusterset-dir`) or the controller
+    /// role.
+    #[arg(long, value_parser = ["datapath", "control", "dns", "files", "controller"])]
     only: Option<String>,
     /// Import counts for the DNS part (comma-separated).
     #[arg(long, value_delimiter = ',')]
@@ -98,6 +99,7 @@ fn main() -> anyhow::Result<()> {
         change_services: services,
         change_samples: if args.quick { 50 } else { 200 },
         event_changes: if args.quick { 100 } else { 1_000 },
+        controller_changes: if args.quick { 100 } else { 1_000 },
         rss_shapes: if args.quick {
             vec![control_shape]
         } else {
@@ -125,6 +127,9 @@ fn main() -> anyhow::Result<()> {
         (true, _) => Some(control::run(&control_opts).context("control-plane benchmark")?),
         (false, Some("files")) => {
             Some(control::run_files(&control_opts).context("file-fed agents benchmark")?)
+        }
+        (false, Some("controller")) => {
+            Some(control::run_controller(&control_opts).context("controller benchmark")?)
         }
         (false, _) => None,
     };
