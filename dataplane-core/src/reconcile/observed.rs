@@ -11,8 +11,8 @@ use std::{
 use foldhash::{HashMap, HashSet};
 
 use crate::model::{
-    Condition, EndpointSlice, FIELD_MANAGER, Interner, NamespacedName, ObjectMeta, ServiceExport,
-    ServiceImport,
+    Condition, EndpointSlice, FIELD_MANAGER, Interner, Name, NamespacedName, ObjectMeta,
+    ServiceExport, ServiceImport,
     records::{ImportRecord, ImportedSlice},
     resource_version,
 };
@@ -44,32 +44,54 @@ pub fn owned_keys(meta: &ObjectMeta, field: &str) -> BTreeSet<String> {
     out
 }
 
-/// Labels or annotations: the object's, and the keys of them we applied.
+/// Labels or annotations: the object's, and the keys of them we applied. Kept for every
+/// import and imported slice the cluster holds, so in compact form: sorted lists of interned
+/// names (the same few keys, and the service and cluster names, repeat on every object).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OwnedMap {
-    /// Every key and value the object has.
-    pub values: BTreeMap<String, String>,
-    /// The keys our field manager applied.
-    pub ours: BTreeSet<String>,
+    /// Every key and value the object has, sorted by key.
+    values: Box<[(Name, Name)]>,
+    /// The keys our field manager applied, sorted.
+    ours: Box<[Name]>,
 }
 
 impl OwnedMap {
-    fn of(meta: &ObjectMeta, field: &str) -> Self {
+    /// The object's labels (`field` = `labels`) or annotations, and the keys of them our field
+    /// manager applied.
+    pub fn of(meta: &ObjectMeta, field: &str, names: &Interner) -> Self {
         let values = match field {
-            "labels" => meta.labels.clone(),
-            _ => meta.annotations.clone(),
+            "labels" => meta.labels.as_ref(),
+            _ => meta.annotations.as_ref(),
         };
+        let mut values: Vec<(Name, Name)> = values
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (names.intern(k), names.intern(v)))
+            .collect();
+        values.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        // From a set: sorted and unique already.
+        let ours = owned_keys(meta, field)
+            .iter()
+            .map(|k| names.intern(k))
+            .collect();
         OwnedMap {
-            values: values.unwrap_or_default(),
-            ours: owned_keys(meta, field),
+            values: values.into_boxed_slice(),
+            ours,
         }
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        self.values
+            .binary_search_by(|(k, _)| (**k).cmp(key))
+            .ok()
+            .map(|i| &*self.values[i].1)
     }
 
     /// Whether the object has every `desired` key and value and no key we applied that is no
     /// longer desired (a server-side apply removes those).
     pub fn agrees(&self, desired: &BTreeMap<String, String>) -> bool {
-        desired.iter().all(|(k, v)| self.values.get(k) == Some(v))
-            && self.ours.iter().all(|k| desired.contains_key(k))
+        desired.iter().all(|(k, v)| self.get(k) == Some(v.as_str()))
+            && self.ours.iter().all(|k| desired.contains_key(&**k))
     }
 }
 
@@ -93,8 +115,8 @@ impl ObservedImport {
     pub fn from_k8s(si: &ServiceImport, names: &Interner) -> Option<Self> {
         Some(ObservedImport {
             record: ImportRecord::from_k8s(si, names, true).into_record()?,
-            labels: OwnedMap::of(&si.metadata, "labels"),
-            annotations: OwnedMap::of(&si.metadata, "annotations"),
+            labels: OwnedMap::of(&si.metadata, "labels", names),
+            annotations: OwnedMap::of(&si.metadata, "annotations", names),
             uid: si.metadata.uid.clone(),
             resource_version: resource_version(&si.metadata),
         })
@@ -128,7 +150,7 @@ impl ObservedSlice {
             id: converted.id().to_owned(),
             service: converted.service().cloned(),
             record: converted.into_record().filter(|_| clean),
-            labels: OwnedMap::of(&slice.metadata, "labels"),
+            labels: OwnedMap::of(&slice.metadata, "labels", names),
             uid: slice.metadata.uid.clone(),
             resource_version: resource_version(&slice.metadata),
         }

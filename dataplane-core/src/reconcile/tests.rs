@@ -42,10 +42,7 @@ fn meta(labels: &[(&str, &str)], owned: &[&str]) -> ObjectMeta {
 #[test]
 fn labels_agree_unless_ours_are_missing_or_stale() {
     let observed = meta(&[("a", "1"), ("team", "x")], &["a"]);
-    let labels_of = |m: &ObjectMeta| OwnedMap {
-        values: m.labels.clone().unwrap_or_default(),
-        ours: owned_keys(m, "labels"),
-    };
+    let labels_of = |m: &ObjectMeta| OwnedMap::of(m, "labels", &Interner::new());
     let observed = labels_of(&observed);
     // Someone else's label is left alone.
     assert!(observed.agrees(&labels(&[("a", "1")])));
