@@ -463,6 +463,11 @@ pub async fn run(
         );
         let (services, merged) = ctl.decide();
         let (count, errors) = ctl.reconcile(&services, &now, &sink).await;
+        // A large pass (the first one, a relist) leaves its transients in the allocator's
+        // pages; hand them back, as the node does after a large sync.
+        if services.len() >= crate::memory::LARGE_SYNC_SERVICES {
+            crate::memory::release_freed();
+        }
         metrics
             .reconcile_duration
             .observe(pass_started.elapsed().as_secs_f64());
