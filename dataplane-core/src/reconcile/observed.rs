@@ -45,8 +45,9 @@ pub fn owned_keys(meta: &ObjectMeta, field: &str) -> BTreeSet<String> {
 }
 
 /// Labels or annotations: the object's, and the keys of them we applied. Kept for every
-/// import and imported slice the cluster holds, so in compact form: sorted lists of interned
-/// names (the same few keys, and the service and cluster names, repeat on every object).
+/// import and imported slice the cluster holds, so in compact form: sorted lists, with interned
+/// keys and label values (the same few keys, and the service and cluster names, repeat on
+/// every object).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OwnedMap {
     /// Every key and value the object has, sorted by key.
@@ -63,10 +64,19 @@ impl OwnedMap {
             "labels" => meta.labels.as_ref(),
             _ => meta.annotations.as_ref(),
         };
+        // Label values (service and cluster names) repeat; annotation values can be unique to
+        // one object (and change), and an interner entry would outlive them until a relist.
+        let value = |v: &str| {
+            if field == "labels" {
+                names.intern(v)
+            } else {
+                Name::from(v)
+            }
+        };
         let mut values: Vec<(Name, Name)> = values
             .into_iter()
             .flatten()
-            .map(|(k, v)| (names.intern(k), names.intern(v)))
+            .map(|(k, v)| (names.intern(k), value(v)))
             .collect();
         values.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         // From a set: sorted and unique already.
