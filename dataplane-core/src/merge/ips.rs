@@ -60,7 +60,7 @@ struct Pool<'a, S> {
     usable: u128,
     /// Held by services outside the requests.
     held: &'a HashMap<IpAddr, NamespacedName, S>,
-    /// How many of `held` are usable addresses of this pool.
+    /// How many of `held` are usable addresses of this pool (counted by [`allocate`]).
     held_here: u128,
     /// Given to the requests so far.
     taken: HashSet<u128>,
@@ -78,19 +78,14 @@ impl<'a, S: BuildHasher> Pool<'a, S> {
         } else {
             (1u128 << host_bits).saturating_sub(2)
         };
-        let mut pool = Self {
+        Self {
             family,
             base,
             usable,
             held,
             held_here: 0,
             taken: HashSet::new(),
-        };
-        pool.held_here = held
-            .keys()
-            .filter(|ip| pool.offset_of(ip).is_some())
-            .count() as u128;
-        pool
+        }
     }
 
     /// Usable offsets nobody holds yet.
@@ -178,6 +173,16 @@ where
         u32::from(128 - cidrs.ipv6.prefix_len()),
         taken,
     );
+    // One walk over the held addresses counts those of both pools.
+    for ip in taken.keys() {
+        let pool = match ip {
+            IpAddr::V4(_) => &mut v4,
+            IpAddr::V6(_) => &mut v6,
+        };
+        if pool.offset_of(ip).is_some() {
+            pool.held_here += 1;
+        }
+    }
     let mut sorted: Vec<Request<'_>> = requests.to_vec();
     sorted.sort_by(|a, b| a.service.cmp(b.service));
     // Which services get IPs at all depends only on the requests, never on the existing

@@ -429,7 +429,7 @@ impl PartialEq<NamespacedName> for IdRef<'_> {
 
 impl fmt::Display for NamespacedName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.namespace, self.name)
+        self.id_ref().fmt(f)
     }
 }
 

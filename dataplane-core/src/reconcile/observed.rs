@@ -60,34 +60,31 @@ impl OwnedMap {
     /// The object's labels (`field` = `labels`) or annotations, and the keys of them our field
     /// manager applied.
     pub fn of(meta: &ObjectMeta, field: &str, names: &Interner) -> Self {
-        let values = match field {
-            "labels" => meta.labels.as_ref(),
-            _ => meta.annotations.as_ref(),
-        };
         // Label values (service and cluster names) repeat; annotation values can be unique to
         // one object (and change), and an interner entry would outlive them until a relist.
-        let value = |v: &str| {
-            if field == "labels" {
-                names.intern(v)
-            } else {
-                Name::from(v)
-            }
+        let (values, intern_values) = match field {
+            "labels" => (meta.labels.as_ref(), true),
+            _ => (meta.annotations.as_ref(), false),
         };
-        let mut values: Vec<(Name, Name)> = values
+        // From a BTreeMap: sorted by key, each key once.
+        let values: Box<[(Name, Name)]> = values
             .into_iter()
             .flatten()
-            .map(|(k, v)| (names.intern(k), value(v)))
+            .map(|(k, v)| {
+                let v = if intern_values {
+                    names.intern(v)
+                } else {
+                    Name::from(v.as_str())
+                };
+                (names.intern(k), v)
+            })
             .collect();
-        values.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         // From a set: sorted and unique already.
         let ours = owned_keys(meta, field)
             .iter()
             .map(|k| names.intern(k))
             .collect();
-        OwnedMap {
-            values: values.into_boxed_slice(),
-            ours,
-        }
+        OwnedMap { values, ours }
     }
 
     fn get(&self, key: &str) -> Option<&str> {
