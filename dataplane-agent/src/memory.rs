@@ -1,7 +1,13 @@
 //! Handing freed memory back to the kernel. The agent's binary uses mimalloc, which keeps freed
 //! pages for reuse and purges them only as later allocations come by. After a large sync (the
-//! first full one, a relist, a re-read directory) the node goes idle with the parse's and the
-//! build's transients still resident, and the kubelet counts them against the pod's limit.
+//! first full one, a relist, a re-read directory) the node, like the controller after a large
+//! pass, goes idle with the parse's and the build's transients still resident, and the kubelet
+//! counts them against the pod's limit.
+
+use std::{
+    cell::Cell,
+    sync::atomic::{AtomicU64, Ordering},
+};
 
 /// `mi_option_purge_delay` in mimalloc 3's `mi_option_e` (include/mimalloc.h), which the
 /// bindings do not name.
@@ -17,11 +23,6 @@ pub fn configure() {
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) }
     }
 }
-
-use std::{
-    cell::Cell,
-    sync::atomic::{AtomicU64, Ordering},
-};
 
 /// Services rebuilt at once from which a sync is large enough to collect after.
 pub const LARGE_SYNC_SERVICES: usize = 1024;
