@@ -291,7 +291,7 @@ impl Controller {
                 self.observed.put_slice(ObservedSlice::from_k8s(&o, names));
             }
             Written::Export(o) => {
-                self.observed.put_export(ObservedExport::from_k8s(&o));
+                self.observed.put_export(ObservedExport::from_k8s(&o, names));
             }
             Written::DeletedImport {
                 service,

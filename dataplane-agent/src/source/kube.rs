@@ -612,12 +612,13 @@ impl LocalWatch {
                 delete: Box::new(|o| gone(ObservedKind::Slice, o)),
             },
         );
+        let n = names.clone();
         let exports = forward::<ServiceExport, _, _>(
             Api::all(client),
             watcher::Config::default(),
             report("serviceexports/status", 2),
             Kind {
-                convert: Box::new(|o| Some(ObservedExport::from_k8s(o))),
+                convert: Box::new(move |o| Some(ObservedExport::from_k8s(o, &n))),
                 list: Box::new(move |l| observed(ObservedChange::Exports(l))),
                 apply: Box::new(move |r| observed(ObservedChange::Export(r))),
                 delete: Box::new(|o| gone(ObservedKind::Export, o)),

@@ -199,7 +199,7 @@ pub struct ExportStatus {
     /// The ServiceExport's namespace/name, that of the Service it exports.
     pub service: NamespacedName,
     /// `Valid`, `Ready` and, for valid exports, `Conflict`.
-    pub conditions: Vec<MergeCondition>,
+    pub conditions: conditions::ExportConditions,
 }
 
 /// A merged port and the clusters whose Service declares it identically (same name, protocol

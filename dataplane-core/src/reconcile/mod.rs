@@ -29,8 +29,8 @@ use std::{
 };
 
 pub use observed::{
-    ObservedExport, ObservedImport, ObservedIndex, ObservedKind, ObservedService, ObservedSlice,
-    OwnedMap, owned_keys,
+    ObservedCondition, ObservedExport, ObservedImport, ObservedIndex, ObservedKind,
+    ObservedService, ObservedSlice, OwnedMap, Uid, owned_keys,
 };
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -348,7 +348,7 @@ pub fn reconcile_service(
         if !wanted_slices.contains(&*o.id.name) {
             out.push(Action::DeleteSlice {
                 slice: o.id.clone(),
-                uid: o.uid.clone(),
+                uid: o.uid.as_ref().map(Uid::to_string),
                 resource_version: o.resource_version,
             });
         }
@@ -358,14 +358,15 @@ pub fn reconcile_service(
     {
         out.push(Action::DeleteImport {
             service: service.clone(),
-            uid: o.uid.clone(),
+            uid: o.uid.as_ref().map(Uid::to_string),
             resource_version: o.resource_version,
         });
     }
     if let (Some(export), Some(status)) = (observed.export, desired.local_export)
         && !export.deleting
     {
-        let current = &export.conditions;
+        let current: Vec<Condition> = export.conditions.iter().map(|c| c.to_k8s()).collect();
+        let current = &current;
         let wanted: Vec<Condition> = status
             .conditions
             .iter()
@@ -394,7 +395,7 @@ pub fn reconcile_service(
             if let Some((warning, reason, note)) = event {
                 out.push(Action::Event {
                     export: service.clone(),
-                    uid: export.uid.clone(),
+                    uid: export.uid.as_ref().map(Uid::to_string),
                     warning,
                     reason: reason.to_owned(),
                     note,
@@ -412,7 +413,7 @@ pub fn reconcile_unlabelled(observed: &ObservedIndex) -> Vec<Action> {
         .iter()
         .map(|o| Action::DeleteSlice {
             slice: o.id.clone(),
-            uid: o.uid.clone(),
+            uid: o.uid.as_ref().map(Uid::to_string),
             resource_version: o.resource_version,
         })
         .collect()
@@ -480,7 +481,7 @@ pub fn reconcile(
         observed
             .exports
             .iter()
-            .map(|o| ObservedExport::from_k8s(o))
+            .map(|o| ObservedExport::from_k8s(o, &names))
             .collect(),
     );
     let mut imports: HashMap<&NamespacedName, &ImportRecord> = HashMap::new();
@@ -526,7 +527,7 @@ pub fn reconcile(
 pub fn conflict_counts(plan: &MergeOutput, local: &ClusterId) -> BTreeMap<String, i64> {
     let mut out = BTreeMap::new();
     for s in plan.export_statuses.iter().filter(|s| &s.cluster == local) {
-        for c in &s.conditions {
+        for c in s.conditions.iter() {
             if c.type_ == ConditionType::Conflict && c.status == ConditionStatus::True {
                 for r in c.reason.split(',') {
                     *out.entry(r.to_owned()).or_insert(0) += 1;

@@ -9,6 +9,7 @@ use std::{
 };
 
 use foldhash::{HashMap, HashSet};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::model::{
     Condition, EndpointSlice, FIELD_MANAGER, Interner, Name, NamespacedName, ObjectMeta,
@@ -18,6 +19,38 @@ use crate::model::{
 };
 
 use super::EXPORT_CONDITION_TYPES;
+
+/// A `metadata.uid`, kept for delete preconditions and Event references: 16 bytes when it is a
+/// UUID in the API server's lowercase form (always, from a real one), else its text. Tens of
+/// thousands of observed objects each held a 36-byte string.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Uid {
+    /// A UUID that prints back as the text it came as.
+    Uuid(uuid::Uuid),
+    /// Anything else, as it came.
+    Text(Box<str>),
+}
+
+impl Uid {
+    /// The uid of `meta`, if it has one.
+    pub fn of(meta: &ObjectMeta) -> Option<Self> {
+        let text = meta.uid.as_deref()?;
+        Some(match uuid::Uuid::try_parse(text) {
+            // Only where it reads back as the same text: the precondition compares strings.
+            Ok(u) if Self::Uuid(u).to_string() == text => Self::Uuid(u),
+            _ => Self::Text(text.into()),
+        })
+    }
+}
+
+impl std::fmt::Display for Uid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Uid::Uuid(u) => u.hyphenated().fmt(f),
+            Uid::Text(t) => f.write_str(t),
+        }
+    }
+}
 
 /// The label or annotation keys our field manager applied to an object, from `managedFields`.
 pub fn owned_keys(meta: &ObjectMeta, field: &str) -> BTreeSet<String> {
@@ -112,7 +145,7 @@ pub struct ObservedImport {
     /// Its annotations, with the keys we applied.
     pub annotations: OwnedMap,
     /// `metadata.uid`: deletes are conditional on it.
-    pub uid: Option<String>,
+    pub uid: Option<Uid>,
     /// `metadata.resourceVersion`, as a number.
     pub resource_version: u64,
 }
@@ -124,7 +157,7 @@ impl ObservedImport {
             record: ImportRecord::from_k8s(si, names, true).into_record()?,
             labels: OwnedMap::of(&si.metadata, "labels", names),
             annotations: OwnedMap::of(&si.metadata, "annotations", names),
-            uid: si.metadata.uid.clone(),
+            uid: Uid::of(&si.metadata),
             resource_version: resource_version(&si.metadata),
         })
     }
@@ -142,7 +175,7 @@ pub struct ObservedSlice {
     /// Its labels, with the keys we applied.
     pub labels: OwnedMap,
     /// `metadata.uid`: deletes are conditional on it.
-    pub uid: Option<String>,
+    pub uid: Option<Uid>,
     /// `metadata.resourceVersion`, as a number.
     pub resource_version: u64,
 }
@@ -158,8 +191,45 @@ impl ObservedSlice {
             service: converted.service().cloned(),
             record: converted.into_record().filter(|_| clean),
             labels: OwnedMap::of(&slice.metadata, "labels", names),
-            uid: slice.metadata.uid.clone(),
+            uid: Uid::of(&slice.metadata),
             resource_version: resource_version(&slice.metadata),
+        }
+    }
+}
+
+/// A condition as observed, its strings shared through the interner: every export carries
+/// the same few types, reasons and messages.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObservedCondition {
+    type_: Name,
+    status: Name,
+    reason: Name,
+    message: Name,
+    last_transition_time: Time,
+    observed_generation: Option<i64>,
+}
+
+impl ObservedCondition {
+    fn of(c: &Condition, names: &Interner) -> Self {
+        ObservedCondition {
+            type_: names.intern(&c.type_),
+            status: names.intern(&c.status),
+            reason: names.intern(&c.reason),
+            message: names.intern(&c.message),
+            last_transition_time: c.last_transition_time.clone(),
+            observed_generation: c.observed_generation,
+        }
+    }
+
+    /// The condition as the API has it.
+    pub fn to_k8s(&self) -> Condition {
+        Condition {
+            type_: self.type_.to_string(),
+            status: self.status.to_string(),
+            reason: self.reason.to_string(),
+            message: self.message.to_string(),
+            last_transition_time: self.last_transition_time.clone(),
+            observed_generation: self.observed_generation,
         }
     }
 }
@@ -170,9 +240,9 @@ pub struct ObservedExport {
     /// Its namespace/name.
     pub id: NamespacedName,
     /// `metadata.uid`, for Events about it.
-    pub uid: Option<String>,
+    pub uid: Option<Uid>,
     /// Its conditions of the types the controller owns ([`EXPORT_CONDITION_TYPES`]).
-    pub conditions: Vec<Condition>,
+    pub conditions: Box<[ObservedCondition]>,
     /// Whether it is being deleted (its status is left alone then).
     pub deleting: bool,
     /// `metadata.resourceVersion`, as a number.
@@ -181,16 +251,16 @@ pub struct ObservedExport {
 
 impl ObservedExport {
     /// Reads a ServiceExport.
-    pub fn from_k8s(se: &ServiceExport) -> Self {
+    pub fn from_k8s(se: &ServiceExport, names: &Interner) -> Self {
         ObservedExport {
             id: NamespacedName::of(&se.metadata),
-            uid: se.metadata.uid.clone(),
+            uid: Uid::of(&se.metadata),
             conditions: se
                 .status
                 .iter()
                 .flat_map(|s| s.conditions.iter())
                 .filter(|c| EXPORT_CONDITION_TYPES.contains(&c.type_.as_str()))
-                .cloned()
+                .map(|c| ObservedCondition::of(c, names))
                 .collect(),
             deleting: se.metadata.deletion_timestamp.is_some(),
             resource_version: resource_version(&se.metadata),

@@ -172,3 +172,53 @@ fn a_relist_older_than_what_is_known_takes_nothing_back() {
     assert_eq!(rv_of(&index, "a"), Some(11));
     assert_eq!(rv_of(&index, "b"), None);
 }
+
+#[test]
+fn a_uid_reads_back_as_the_text_it_came_as() {
+    let meta = |uid: &str| ObjectMeta {
+        uid: Some(uid.to_owned()),
+        ..ObjectMeta::default()
+    };
+    // The API server's form is held as 16 bytes; other spellings of a UUID and other text
+    // are kept as they came, since a delete's precondition compares the strings.
+    for (text, compact) in [
+        ("0c9e1a6e-5b7f-4d2a-9a51-3f2d8e6b7c10", true),
+        ("0C9E1A6E-5B7F-4D2A-9A51-3F2D8E6B7C10", false),
+        ("0c9e1a6e5b7f4d2a9a513f2d8e6b7c10", false),
+        ("not-a-uuid", false),
+    ] {
+        let uid = Uid::of(&meta(text)).unwrap();
+        assert_eq!(uid.to_string(), text);
+        assert_eq!(matches!(uid, Uid::Uuid(_)), compact, "{text}");
+    }
+    assert_eq!(Uid::of(&ObjectMeta::default()), None);
+}
+
+#[test]
+fn an_observed_condition_reads_back_as_the_api_had_it() {
+    let names = Interner::new();
+    let condition = Condition {
+        type_: "Conflict".into(),
+        status: "True".into(),
+        reason: "PortConflict".into(),
+        message: "ports differ".into(),
+        last_transition_time: Time(
+            k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap(),
+        ),
+        observed_generation: Some(3),
+    };
+    let se = ServiceExport {
+        metadata: ObjectMeta {
+            name: Some("web".into()),
+            namespace: Some("demo".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Default::default(),
+        status: Some(crate::model::ServiceExportStatus {
+            conditions: vec![condition.clone()],
+        }),
+    };
+    let observed = ObservedExport::from_k8s(&se, &names);
+    let back: Vec<Condition> = observed.conditions.iter().map(|c| c.to_k8s()).collect();
+    assert_eq!(back, vec![condition]);
+}

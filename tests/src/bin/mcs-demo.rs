@@ -184,7 +184,7 @@ fn demo() -> anyhow::Result<()> {
     let mut notes: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for e in &plan.merged.merge.export_statuses {
         let service = format!("{}/{}", e.service.namespace, e.service.name);
-        for c in &e.conditions {
+        for c in e.conditions.iter() {
             let bad = match c.type_ {
                 ConditionType::Conflict => c.status == ConditionStatus::True,
                 ConditionType::Valid => c.status == ConditionStatus::False,
@@ -311,7 +311,7 @@ fn demo() -> anyhow::Result<()> {
     );
     let mut seen = BTreeSet::new();
     for e in &plan.merged.merge.export_statuses {
-        for c in &e.conditions {
+        for c in e.conditions.iter() {
             let service = format!("{}/{}", e.service.namespace, e.service.name);
             let interesting = (c.type_ == ConditionType::Conflict
                 && c.status == ConditionStatus::True)

@@ -81,11 +81,12 @@ impl MergeState {
             let ports = ports::merge(&contributing);
             let props = properties::merge(exports);
             let conflict = conditions::conflict(exports, &fams, &ports, &props);
+            let shared = conditions::valid_export(conflict);
             for e in exports {
                 statuses.push(ExportStatus {
                     cluster: e.cluster.clone(),
                     service: (*service).clone(),
-                    conditions: conditions::valid_export(conflict.clone()),
+                    conditions: shared.clone(),
                 });
             }
             statuses.sort_by(|a, b| a.cluster.cmp(&b.cluster));
@@ -184,9 +185,9 @@ fn refused_conditions(statuses: &mut [ExportStatus], refused: &[RefusedEndpoint]
             .filter(|r| r.cluster == status.cluster)
             .collect();
         if !of_cluster.is_empty() {
-            status
-                .conditions
-                .push(conditions::endpoints_refused(&of_cluster));
+            let mut own = status.conditions.to_vec();
+            own.push(conditions::endpoints_refused(&of_cluster));
+            status.conditions = own.into();
         }
     }
 }

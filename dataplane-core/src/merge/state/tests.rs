@@ -206,7 +206,7 @@ fn refused_condition(out: &MergeOutput, cluster: &str) -> Option<(String, String
     out.export_statuses
         .iter()
         .filter(|s| s.cluster.as_str() == cluster)
-        .flat_map(|s| &s.conditions)
+        .flat_map(|s| s.conditions.iter())
         .find(|c| c.type_ == conditions::ConditionType::EndpointsRefused)
         .map(|c| {
             assert_eq!(c.status, conditions::ConditionStatus::True);
