@@ -77,6 +77,15 @@ const MAX_RETRY: Duration = Duration::from_secs(60);
 /// Services whose writes are built at once ([`Controller::reconcile`]).
 const SERVICES_PER_WRITE_CHUNK: usize = 256;
 
+/// What one reconcile pass did.
+struct Pass {
+    /// Writes attempted, and how many of them failed.
+    count: usize,
+    errors: usize,
+    /// Whether events were filed during the pass: the next one starts without waiting for more.
+    filed: bool,
+}
+
 /// The controller's state between passes.
 struct Controller {
     settings: Arc<ControllerSettings>,
@@ -220,17 +229,30 @@ impl Controller {
         services: &[NamespacedName],
         now: &Time,
         sink: &KubeSink,
-    ) -> (usize, usize) {
-        let (mut count, mut errors) = (0, 0);
+        events: &mut mpsc::UnboundedReceiver<ControllerEvent>,
+    ) -> Pass {
+        let (mut count, mut errors, mut filed) = (0, 0, false);
         for chunk in services.chunks(SERVICES_PER_WRITE_CHUNK) {
             let actions = self.actions_for(chunk, now);
             count += actions.len();
             errors += self.write(actions, sink).await;
+            // The watches echo every write of a large pass (tens of thousands of converted
+            // objects, held in the channel until it ends): file them as they come, which
+            // drops the echoes the write answers already filed. What they mark is compared
+            // or merged in the next pass, as if it had come after this one.
+            while let Ok(event) = events.try_recv() {
+                self.file(event);
+                filed = true;
+            }
         }
         let actions = reconcile_unlabelled(&self.observed);
         count += actions.len();
         errors += self.write(actions, sink).await;
-        (count, errors)
+        Pass {
+            count,
+            errors,
+            filed,
+        }
     }
 
     /// Applies `actions`; the number of failed writes. What a write answered is filed as
@@ -291,7 +313,8 @@ impl Controller {
                 self.observed.put_slice(ObservedSlice::from_k8s(&o, names));
             }
             Written::Export(o) => {
-                self.observed.put_export(ObservedExport::from_k8s(&o, names));
+                self.observed
+                    .put_export(ObservedExport::from_k8s(&o, names));
             }
             Written::DeletedImport {
                 service,
@@ -427,16 +450,19 @@ pub async fn run(
     let started = Instant::now();
     let mut retry: Option<(Instant, Duration)> = None;
     let mut waiting_logged = false;
+    let mut filed_during_pass = false;
     info!(local = %settings.local, members = watches.len(), "controller started");
     loop {
         let deadline = next_deadline(&watches, &settings, started, retry.map(|r| r.0));
-        tokio::select! {
-            event = rx.recv() => match event {
-                Some(event) => ctl.file(event),
-                None => return,
-            },
-            () = changed.notified() => {}
-            () = sleep_until(deadline) => {}
+        if !std::mem::take(&mut filed_during_pass) {
+            tokio::select! {
+                event = rx.recv() => match event {
+                    Some(event) => ctl.file(event),
+                    None => return,
+                },
+                () = changed.notified() => {}
+                () = sleep_until(deadline) => {}
+            }
         }
         // Everything queued is filed before the pass: a burst costs one pass.
         while let Ok(event) = rx.try_recv() {
@@ -462,7 +488,12 @@ pub async fn run(
             .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
         );
         let (services, merged) = ctl.decide();
-        let (count, errors) = ctl.reconcile(&services, &now, &sink).await;
+        let Pass {
+            count,
+            errors,
+            filed,
+        } = ctl.reconcile(&services, &now, &sink, &mut rx).await;
+        filed_during_pass = filed;
         // A large pass (the first one, a relist) leaves its transients in the allocator's
         // pages; hand them back, as the node does after a large sync.
         if services.len() >= crate::memory::LARGE_SYNC_SERVICES {
