@@ -237,9 +237,9 @@ impl Controller {
             count += actions.len();
             errors += self.write(actions, sink).await;
             // The watches echo every write of a large pass (tens of thousands of converted
-            // objects, held in the channel until it ends): file them as they come, which
-            // drops the echoes the write answers already filed. What they mark is compared
-            // or merged in the next pass, as if it had come after this one.
+            // objects, held in the channel until it ends): file them as they come, so that
+            // each is freed once filed. What they mark is compared or merged in the next
+            // pass, as if it had come after this one.
             while let Ok(event) = events.try_recv() {
                 self.file(event);
                 filed = true;
@@ -454,7 +454,11 @@ pub async fn run(
     info!(local = %settings.local, members = watches.len(), "controller started");
     loop {
         let deadline = next_deadline(&watches, &settings, started, retry.map(|r| r.0));
-        if !std::mem::take(&mut filed_during_pass) {
+        if std::mem::take(&mut filed_during_pass) {
+            // No wait for an event, but a turn for the runtime's other tasks: under steady
+            // churn this loop would otherwise run pass after pass without yielding.
+            tokio::task::yield_now().await;
+        } else {
             tokio::select! {
                 event = rx.recv() => match event {
                     Some(event) => ctl.file(event),

@@ -197,14 +197,16 @@ impl ObservedSlice {
     }
 }
 
-/// A condition as observed, its strings shared through the interner: every export carries
-/// the same few types, reasons and messages.
+/// A condition as observed: type, status and reason shared through the interner (every export
+/// carries the same few). Messages are not interned: some change with the cluster's state (the
+/// refused endpoints, a conflict's details), and an interner entry would outlive them until
+/// the next relist.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ObservedCondition {
     type_: Name,
     status: Name,
     reason: Name,
-    message: Name,
+    message: Box<str>,
     last_transition_time: Time,
     observed_generation: Option<i64>,
 }
@@ -215,7 +217,7 @@ impl ObservedCondition {
             type_: names.intern(&c.type_),
             status: names.intern(&c.status),
             reason: names.intern(&c.reason),
-            message: names.intern(&c.message),
+            message: c.message.as_str().into(),
             last_transition_time: c.last_transition_time.clone(),
             observed_generation: c.observed_generation,
         }
