@@ -35,9 +35,10 @@ impl Uid {
     /// The uid of `meta`, if it has one.
     pub fn of(meta: &ObjectMeta) -> Option<Self> {
         let text = meta.uid.as_deref()?;
+        let mut printed = uuid::Uuid::encode_buffer();
         Some(match uuid::Uuid::try_parse(text) {
             // Only where it reads back as the same text: the precondition compares strings.
-            Ok(u) if Self::Uuid(u).to_string() == text => Self::Uuid(u),
+            Ok(u) if u.hyphenated().encode_lower(&mut printed) == text => Self::Uuid(u),
             _ => Self::Text(text.into()),
         })
     }
