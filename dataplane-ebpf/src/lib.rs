@@ -12,7 +12,7 @@
 //! |---|---|---|---|
 //! | `MCS_FE4`, `MCS_FE6` | hash | [`FrontendKey4`] / [`FrontendKey6`] → [`Frontend`] | agent |
 //! | `MCS_SLOTS` | array | slot index → [`Slot`] (the backend itself) | agent |
-//! | `MCS_COUNTERS` | per-CPU array | frontend id → [`Counters`] | programs |
+//! | `MCS_COUNTERS` | array, memory-mappable | `cpu × stride + frontend id` → [`Counters`] | programs (the agent resets an id's entries before reusing it) |
 //! | `MCS_AFFINITY` | LRU hash | [`AffinityKey`] → [`AffinityValue`] | programs |
 //! | `MCS_AFF_MATCH` | hash | [`AffinityMatchKey`] → 1 | agent |
 //! | `MCS_CONN_REVNAT` | array | socket cookie mod size → [`ConnRevNat`] | programs (connect claims; `sock_release` frees) |
@@ -70,7 +70,11 @@
 /// - 4: `MCS_CONN_REVNAT` is an array indexed by `cookie mod size`, claimed by compare-and-swap
 ///   ([`ConnRevNat`]); socket storage when the socket's entry is held by another socket.
 ///   A `.rodata` constant (`MCS_CONN_SLOTS`) holds the array's size.
-pub const PIN_VERSION: u32 = 4;
+/// - 5: counters in one plain array, a row of `stride` entries per possible CPU (index
+///   `cpu × stride + frontend id`), memory-mappable so the agent reads them without a syscall
+///   per frontend; [`Counters`] padded to 32 bytes (two per cache line). A `.rodata` constant
+///   (`MCS_COUNTER_STRIDE`) holds the stride.
+pub const PIN_VERSION: u32 = 5;
 
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
@@ -300,14 +304,24 @@ pub struct ConnRevNat {
 /// loader sets it to the map's size, so the programs index exactly the entries that exist.
 pub const CONN_SLOTS_GLOBAL: &str = "MCS_CONN_SLOTS";
 
-/// Per-CPU counters of one frontend.
+/// One frontend's counters on one CPU. 32 bytes, so an entry never straddles two cache lines
+/// (a call touches one line for its counters).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
     pub translations: u64,
     pub affinity_hits: u64,
     pub rejects: u64,
+    pub _pad: u64,
 }
+
+/// Name of the `.rodata` constant that holds the stride of `MCS_COUNTERS`: the entries of one
+/// CPU's row, one more than the highest frontend id (ids start at 1). The loader sets it from
+/// the map's size (a pinned map keeps the stride it was created with).
+pub const COUNTER_STRIDE_GLOBAL: &str = "MCS_COUNTER_STRIDE";
+
+/// `BPF_F_MMAPABLE`: the array's values can be memory-mapped by userspace.
+pub const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 /// Length of the namespace, port-name and cluster-name fields: DNS labels, at most 63 bytes,
 /// NUL-padded.
@@ -431,7 +445,7 @@ mod tests {
         assert_eq!(size_of::<RevNatValue4>(), 8);
         assert_eq!(size_of::<RevNatKey6>(), 32);
         assert_eq!(size_of::<RevNatValue6>(), 20);
-        assert_eq!(size_of::<Counters>(), 24);
+        assert_eq!(size_of::<Counters>(), 32);
         assert_eq!(size_of::<SockRevNat>(), 40);
         assert_eq!(size_of::<ConnRevNat>(), 48);
         assert_eq!(size_of::<FrontendName>(), 2 * LABEL_LEN + NAME_LEN);

@@ -29,18 +29,18 @@ use core::{
 use aya_ebpf::{
     EbpfContext,
     bindings::{bpf_sock, bpf_sock_addr},
-    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, SkStorage},
+    btf_maps::{Array, HashMap, LruHashMap, SkStorage},
     helpers::generated::{
-        bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns,
-        bpf_set_retval,
+        bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_get_socket_cookie,
+        bpf_ktime_get_ns, bpf_set_retval,
     },
     macros::{btf_map, cgroup_sock, cgroup_sock_addr},
     programs::{SockAddrContext, SockContext},
 };
 use aya_log_ebpf::debug;
 use dataplane_ebpf::{
-    AF_INET, AF_INET6, AffinityKey, AffinityMatchKey, AffinityValue, ClusterName, ConnRevNat,
-    Counters, ECONNREFUSED, ENOMEM, FRONTEND_F_AFFINITY, FRONTEND_F_WILDCARD, Frontend,
+    AF_INET, AF_INET6, AffinityKey, AffinityMatchKey, AffinityValue, BPF_F_MMAPABLE, ClusterName,
+    ConnRevNat, Counters, ECONNREFUSED, ENOMEM, FRONTEND_F_AFFINITY, FRONTEND_F_WILDCARD, Frontend,
     FrontendKey4, FrontendKey6, FrontendName, IPPROTO_TCP, IPPROTO_UDP, RevNatKey4, RevNatKey6,
     RevNatValue4, RevNatValue6, Slot, SockRevNat, affinity_fresh, cookie_hash, defaults,
     ip6_mapped_v4, ip6_v4_mapped, pick_slot,
@@ -86,9 +86,15 @@ static SOCK_REVNAT: SkStorage<SockRevNat> = SkStorage::new();
 static REVNAT4: LruHashMap<RevNatKey4, RevNatValue4, MAX_REVNAT> = LruHashMap::new();
 #[btf_map(name = "MCS_REVNAT6")]
 static REVNAT6: LruHashMap<RevNatKey6, RevNatValue6, MAX_REVNAT> = LruHashMap::new();
-/// Indexed by frontend id (ids start at 1).
+/// A row of `MCS_COUNTER_STRIDE` entries per CPU, indexed by frontend id within it (ids start at
+/// 1). One cache line per call, where a per-CPU array costs two (the entry's per-CPU pointer,
+/// then the value); memory-mappable, so the agent sums the rows without a syscall per entry.
 #[btf_map(name = "MCS_COUNTERS")]
-static COUNTERS: PerCpuArray<Counters, { MAX_FRONTENDS + 1 }> = PerCpuArray::new();
+static COUNTERS: Array<Counters, { MAX_FRONTENDS + 1 }, { BPF_F_MMAPABLE as usize }> = Array::new();
+/// The entries of one CPU's row of `MCS_COUNTERS` (`.rodata`, set by the loader from the map's
+/// size; read with `read_volatile` so that the compiler does not fold the default in).
+#[unsafe(no_mangle)]
+static MCS_COUNTER_STRIDE: u32 = MAX_FRONTENDS as u32 + 1;
 /// Names for `inspect`; only the agent reads and writes them.
 #[btf_map(name = "MCS_FE_NAMES")]
 static FRONTEND_NAMES: HashMap<u32, FrontendName, MAX_FRONTENDS, NO_PREALLOC> = HashMap::new();
@@ -267,8 +273,19 @@ enum Choice {
 
 #[inline(always)]
 fn bump(frontend_id: u32, f: impl FnOnce(&mut Counters)) {
-    if let Some(c) = COUNTERS.get_ptr_mut(frontend_id) {
-        // Per-CPU value: no other writer on this CPU while we run.
+    // SAFETY: a plain read of a `.rodata` constant; a helper without arguments.
+    let (stride, cpu) = unsafe {
+        (
+            read_volatile(&MCS_COUNTER_STRIDE),
+            bpf_get_smp_processor_id(),
+        )
+    };
+    // An id past the row (a pinned map made for fewer frontends) would count in the next CPU's.
+    if frontend_id >= stride {
+        return;
+    }
+    if let Some(c) = COUNTERS.get_ptr_mut(cpu.wrapping_mul(stride).wrapping_add(frontend_id)) {
+        // This CPU's row: no other writer while we run (programs run with migration disabled).
         f(unsafe { &mut *c });
     }
 }

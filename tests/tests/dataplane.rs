@@ -209,6 +209,102 @@ fn undeclared_ports_and_empty_frontends_are_refused() {
     );
 }
 
+/// One service, `name` at `vip`:80, served by a's host 10 on 8080.
+fn one_service(name: &str, vip: &str) -> String {
+    format!(
+        "apiVersion: multicluster.x-k8s.io/v1beta1\nkind: ServiceImport\n\
+         metadata: {{name: {name}, namespace: demo}}\n\
+         spec: {{type: ClusterSetIP, ips: [{vip}], ipFamilies: [IPv4], ports: [{{name: http, protocol: TCP, port: 80}}]}}\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: {name}-a-ipv4, namespace: demo, labels: {{multicluster.kubernetes.io/service-name: {name}, multicluster.kubernetes.io/source-cluster: a}}}}\n\
+         addressType: IPv4\nports: [{{name: http, protocol: TCP, port: 8080}}]\nendpoints: [{{addresses: [10.99.1.10]}}]\n"
+    )
+}
+
+/// Runs `f` with this thread (and the processes it starts) pinned to `cpu`.
+fn on_cpu<T>(cpu: usize, f: impl FnOnce() -> T) -> T {
+    // SAFETY: plain libc calls on a zeroed cpu_set_t owned here; pid 0 is this thread.
+    unsafe {
+        let mut all: libc::cpu_set_t = std::mem::zeroed();
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        assert_eq!(libc::sched_getaffinity(0, size, &mut all), 0);
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut one);
+        assert_eq!(
+            libc::sched_setaffinity(0, size, &one),
+            0,
+            "pin to CPU {cpu}"
+        );
+        let out = f();
+        assert_eq!(libc::sched_setaffinity(0, size, &all), 0);
+        out
+    }
+}
+
+/// The counters: connects made on different CPUs add up in one frontend's row, and a frontend
+/// id that is freed and given to another frontend starts again from zero on every CPU.
+#[test]
+fn counters_sum_over_cpus_and_a_reused_frontend_id_starts_from_zero() {
+    require_root!();
+    let mut topo = Topology::new(&["a"]).unwrap();
+    topo.start_backend("a", 10, &["tcp:8080"]).unwrap();
+    let input = topo
+        .write_fixture("input", "svc.yaml", &one_service("web", "241.0.0.10"))
+        .unwrap();
+    let mut agent = start_node(&topo, &input, &[]);
+    agent
+        .wait_for("web in the maps", SYNC_TIMEOUT, |i| i.frontends.len() == 2)
+        .unwrap();
+
+    let cpus = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(2);
+    for cpu in 0..cpus {
+        let r = on_cpu(cpu, || {
+            topo.probe("tcp", "241.0.0.10:80", &["--count", "20"])
+                .unwrap()
+        });
+        assert!(all_ok(&r), "CPU {cpu}: {r:?}");
+    }
+    let i = inspect(&topo.pin_dir).unwrap();
+    let web = frontend(&i, "241.0.0.10", 80, "TCP").unwrap();
+    assert_eq!(
+        web.translations,
+        20 * cpus as u64,
+        "summed over {cpus} CPU(s)"
+    );
+
+    // Take web away, then bring another service: it gets web's (lowest free) ids.
+    std::fs::remove_file(input.join("svc.yaml")).unwrap();
+    agent
+        .wait_for("web gone", SYNC_TIMEOUT, |i| i.frontends.is_empty())
+        .unwrap();
+    topo.write_fixture("input", "svc.yaml", &one_service("api", "241.0.0.11"))
+        .unwrap();
+    agent
+        .wait_for("api in the maps", SYNC_TIMEOUT, |i| i.frontends.len() == 2)
+        .unwrap();
+    let i = inspect(&topo.pin_dir).unwrap();
+    let api = frontend(&i, "241.0.0.11", 80, "TCP").unwrap();
+    assert_eq!(api.id, web.id, "the freed id is reused");
+    assert_eq!(
+        (api.translations, api.rejects),
+        (0, 0),
+        "a reused id starts at 0"
+    );
+
+    let r = on_cpu(cpus - 1, || {
+        topo.probe("tcp", "241.0.0.11:80", &["--count", "3"])
+            .unwrap()
+    });
+    assert!(all_ok(&r), "{r:?}");
+    let i = inspect(&topo.pin_dir).unwrap();
+    assert_eq!(
+        frontend(&i, "241.0.0.11", 80, "TCP").unwrap().translations,
+        3
+    );
+}
+
 /// 4: UDP, connected and unconnected: replies come from (and getpeername reports) the VIP.
 #[test]
 fn udp_replies_come_from_the_vip() {

@@ -3,15 +3,14 @@
 
 use std::{collections::BTreeMap, os::fd::AsFd as _, path::Path};
 
-use aya::maps::{
-    Array, HashMap, IterableMap as _, Map, MapData, MapError, PerCpuArray, PerCpuValues,
-};
+use aya::maps::{Array, HashMap, IterableMap as _, Map, MapData, MapError};
 use dataplane_ebpf::{
     AffinityMatchKey, ClusterName, Counters, Frontend, FrontendKey4, FrontendKey6, FrontendName,
     Slot, map_names,
 };
 
 use super::{
+    counters::CounterRows,
     maps::{Capacities, FeKey, MapContents, MapKind, MapOp, MapWriteError, MapWriter},
     sys::{self as batch, Elems, bytes_of},
 };
@@ -48,6 +47,17 @@ pub enum KernelMapError {
     },
     #[error("cannot count CPUs: {0}")]
     Cpus(String),
+    #[error("pinned map MCS_COUNTERS: {0}")]
+    CounterLayout(String),
+    #[error("cannot memory-map MCS_COUNTERS: {0}")]
+    MapCounters(#[source] std::io::Error),
+}
+
+/// The possible CPUs: the rows of `MCS_COUNTERS` (programs index them by CPU number).
+pub fn possible_cpus() -> Result<u32, KernelMapError> {
+    aya::util::nr_cpus()
+        .map_err(|(what, e)| KernelMapError::Cpus(format!("{what}: {e}")))
+        .map(|n| n as u32)
 }
 
 /// Handles on every agent-owned map.
@@ -56,10 +66,9 @@ pub struct KernelMaps {
     fe6: HashMap<MapData, FrontendKey6, Frontend>,
     slots: Array<MapData, Slot>,
     affinity_match: HashMap<MapData, AffinityMatchKey, u32>,
-    counters: PerCpuArray<MapData, Counters>,
+    counters: CounterRows,
     names: HashMap<MapData, u32, FrontendName>,
     clusters: HashMap<MapData, u32, ClusterName>,
-    nr_cpus: usize,
     capacities: Capacities,
     /// Kernel ids of the maps, by name, for `inspect` and restart checks.
     pub ids: Vec<(&'static str, u32)>,
@@ -175,8 +184,12 @@ impl KernelMaps {
             slots: max_entries(&slots),
             clusters: max_entries(&clusters),
         };
-        let nr_cpus = aya::util::nr_cpus()
-            .map_err(|(what, e)| KernelMapError::Cpus(format!("{what}: {e}")))?;
+        let counters = MapData::from_pin(maps_dir.join(map_names::COUNTERS)).map_err(|source| {
+            KernelMapError::Open {
+                path: maps_dir.join(map_names::COUNTERS).display().to_string(),
+                source,
+            }
+        })?;
         Ok(KernelMaps {
             fe4: typed(fe4, map_names::FRONTENDS4)?,
             fe6: typed(
@@ -188,13 +201,12 @@ impl KernelMaps {
                 open(maps_dir, map_names::AFFINITY_MATCH)?,
                 map_names::AFFINITY_MATCH,
             )?,
-            counters: typed(open(maps_dir, map_names::COUNTERS)?, map_names::COUNTERS)?,
+            counters: CounterRows::map(counters, possible_cpus()?)?,
             names: typed(
                 open(maps_dir, map_names::FRONTEND_NAMES)?,
                 map_names::FRONTEND_NAMES,
             )?,
             clusters: typed(clusters, map_names::CLUSTER_NAMES)?,
-            nr_cpus,
             capacities,
             ids,
             lock: None,
@@ -298,22 +310,7 @@ impl KernelMaps {
     fn read_counters(&self, contents: &mut MapContents) -> Result<(), KernelMapError> {
         let ids: Vec<u32> = contents.frontends().map(|(_, f)| f.id).collect();
         for id in ids {
-            let per_cpu = match self.counters.get(&id, 0) {
-                Ok(v) => v,
-                Err(MapError::KeyNotFound) => continue,
-                Err(source) => {
-                    return Err(KernelMapError::Read {
-                        name: map_names::COUNTERS,
-                        source,
-                    });
-                }
-            };
-            let mut sum = Counters::default();
-            for c in per_cpu.iter() {
-                sum.translations += c.translations;
-                sum.affinity_hits += c.affinity_hits;
-                sum.rejects += c.rejects;
-            }
+            let sum = self.counters.sum(id);
             if sum != Counters::default() {
                 contents.counters.insert(id, sum);
             }
@@ -329,7 +326,6 @@ impl KernelMaps {
         let mut keys: Vec<u8> = Vec::new();
         let mut values: Vec<u8> = Vec::new();
         let mut op_of_elem: Vec<usize> = Vec::new();
-        let zeros = vec![Counters::default(); self.nr_cpus];
         for (i, op) in ops.iter().enumerate() {
             match op {
                 MapOp::PutFrontend(FeKey::V4(k), v) => {
@@ -350,10 +346,12 @@ impl KernelMaps {
                     }
                 }
                 MapOp::ResetCounters(id) => {
-                    keys.extend_from_slice(&id.to_ne_bytes());
-                    // Per-CPU values: one per CPU, each a multiple of 8 bytes (Counters is).
-                    values.extend_from_slice(bytes_of(&zeros));
-                    op_of_elem.push(i);
+                    // The id's entry in every CPU's row.
+                    for index in self.counters.entries_of(*id) {
+                        keys.extend_from_slice(&index.to_ne_bytes());
+                        values.extend_from_slice(bytes_of(&[Counters::default()]));
+                        op_of_elem.push(i);
+                    }
                 }
                 MapOp::PutName(id, name) => {
                     keys.extend_from_slice(&id.to_ne_bytes());
@@ -367,7 +365,7 @@ impl KernelMaps {
             MapKind::Frontends4 => self.fe4.map().fd().as_fd(),
             MapKind::Frontends6 => self.fe6.map().fd().as_fd(),
             MapKind::Slots => self.slots.map().fd().as_fd(),
-            MapKind::Counters => self.counters.map().fd().as_fd(),
+            MapKind::Counters => self.counters.fd(),
             MapKind::FrontendNames => self.names.map().fd().as_fd(),
             _ => return (0, None),
         };
@@ -421,14 +419,11 @@ impl MapWriter for KernelMaps {
             }
             MapOp::PutAffinityMatch(k) => self.affinity_match.insert(k, 1, ANY),
             MapOp::DelAffinityMatch(k) => absent_ok(self.affinity_match.remove(k)),
-            MapOp::ResetCounters(k) => {
-                match PerCpuValues::try_from(vec![Counters::default(); self.nr_cpus]) {
-                    Ok(zeros) => self.counters.set(*k, zeros, ANY),
-                    Err(e) => Err(MapError::SyscallError(aya::sys::SyscallError {
-                        call: "nr_cpus",
-                        io_error: e,
-                    })),
-                }
+            MapOp::ResetCounters(_) => {
+                return match self.apply_run(std::slice::from_ref(op)) {
+                    (_, Some(e)) => Err(e),
+                    (_, None) => Ok(()),
+                };
             }
             MapOp::PutName(k, v) => self.names.insert(k, **v, ANY),
             MapOp::DelName(k) => absent_ok(self.names.remove(k)),

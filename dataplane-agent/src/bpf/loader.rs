@@ -36,7 +36,7 @@ use aya::{
         CgroupAttachMode, Program, ProgramError, links::FdLink, links::PinnedLink, loaded_programs,
     },
 };
-use dataplane_ebpf::{CONN_SLOTS_GLOBAL, map_names};
+use dataplane_ebpf::{CONN_SLOTS_GLOBAL, COUNTER_STRIDE_GLOBAL, map_names};
 use tracing::{info, warn};
 
 use super::{
@@ -151,6 +151,10 @@ pub enum LoadError {
     Maps(#[from] KernelMapError),
     #[error("nothing is installed under {0}")]
     NotInstalled(PathBuf),
+    #[error(
+        "the counters of {frontends} frontends on {cpus} CPUs do not fit one map; lower --max-frontends"
+    )]
+    TooManyCounters { frontends: u32, cpus: u32 },
     #[error(
         "{0} is in use by another agent (it holds the pin directory's lock); run one agent per pin directory"
     )]
@@ -433,6 +437,16 @@ fn conn_revnat_size(maps_dir: &Path, max_connected: u32) -> u32 {
     }
 }
 
+/// The entries of one CPU's row of `MCS_COUNTERS`: the pinned map's when there is one (the
+/// programs and the agent index it with the stride it was created with), else one per frontend
+/// id, `1..=max_frontends`.
+fn counter_stride(maps_dir: &Path, max_frontends: u32, cpus: u32) -> u32 {
+    match MapInfo::from_pin(maps_dir.join(map_names::COUNTERS)) {
+        Ok(info) => info.max_entries() / cpus.max(1),
+        Err(_) => max_frontends.saturating_add(1),
+    }
+}
+
 fn install_as_allowed(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
     if EBPF_OBJECT.is_empty() {
         return Err(LoadError::NoObject);
@@ -451,6 +465,14 @@ fn install_as_allowed(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
     fs::create_dir_all(&progs).map_err(io("cannot create", &progs))?;
 
     let conn_slots = conn_revnat_size(&maps_dir, cfg.max_connected);
+    let cpus = super::kernel::possible_cpus()?;
+    let counter_stride = counter_stride(&maps_dir, cfg.max_frontends, cpus);
+    let counter_entries = counter_stride
+        .checked_mul(cpus)
+        .ok_or(LoadError::TooManyCounters {
+            frontends: cfg.max_frontends,
+            cpus,
+        })?;
     let mut loader = EbpfLoader::new();
     // BTF-defined maps carry no pinning attribute in aya-ebpf 0.2: pin each one by path. An
     // existing pin is reused as it is (an agent restart keeps the maps and their contents).
@@ -460,8 +482,8 @@ fn install_as_allowed(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
     let mut ebpf: Ebpf = loader
         .map_max_entries(map_names::FRONTENDS4, cfg.max_frontends)
         .map_max_entries(map_names::FRONTENDS6, cfg.max_frontends)
-        // Indexed by frontend id, 1..=max_frontends.
-        .map_max_entries(map_names::COUNTERS, cfg.max_frontends.saturating_add(1))
+        // A row per CPU, indexed by frontend id within it.
+        .map_max_entries(map_names::COUNTERS, counter_entries)
         .map_max_entries(map_names::FRONTEND_NAMES, cfg.max_frontends)
         .map_max_entries(map_names::SLOTS, cfg.max_slots)
         .map_max_entries(map_names::CLUSTER_NAMES, cfg.max_clusters)
@@ -471,6 +493,7 @@ fn install_as_allowed(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
         .map_max_entries(map_names::REVNAT6, cfg.max_revnat)
         .map_max_entries(map_names::CONN_REVNAT, conn_slots)
         .override_global(CONN_SLOTS_GLOBAL, &conn_slots, true)
+        .override_global(COUNTER_STRIDE_GLOBAL, &counter_stride, true)
         .override_global("AYA_LOG_LEVEL", &cfg.bpf_log_level, false)
         .load(EBPF_OBJECT)?;
     // Must outlive the program loads: it holds the log ring buffer's fd.

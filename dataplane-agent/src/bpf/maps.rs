@@ -77,7 +77,7 @@ pub enum MapOp {
     PutSlots(u32, Vec<Slot>),
     PutAffinityMatch(AffinityMatchKey),
     DelAffinityMatch(AffinityMatchKey),
-    /// Zeroes the per-CPU counters of a frontend id (a new id starts from zero).
+    /// Zeroes the counters of a frontend id on every CPU (a new id starts from zero).
     ResetCounters(u32),
     PutName(u32, Box<FrontendName>),
     DelName(u32),

@@ -10,6 +10,7 @@
 
 pub mod adopt;
 pub mod convert;
+pub mod counters;
 pub mod desired;
 pub mod grace;
 pub mod ids;
