@@ -12,7 +12,7 @@
 //! |---|---|---|---|
 //! | `MCS_FE4`, `MCS_FE6` | hash | [`FrontendKey4`] / [`FrontendKey6`] → [`Frontend`] | agent |
 //! | `MCS_SLOTS` | array | slot index → [`Slot`] (the backend itself) | agent |
-//! | `MCS_COUNTERS` | array, memory-mappable | `cpu × stride + frontend id` → [`Counters`] | programs (the agent resets an id's entries before reusing it) |
+//! | `MCS_COUNTERS` | array | `cpu × stride + frontend id` → [`Counters`] | programs (the agent resets an id's entries before reusing it) |
 //! | `MCS_AFFINITY` | LRU hash | [`AffinityKey`] → [`AffinityValue`] | programs |
 //! | `MCS_AFF_MATCH` | hash | [`AffinityMatchKey`] → 1 | agent |
 //! | `MCS_CONN_REVNAT` | array | socket cookie mod size → [`ConnRevNat`] | programs (connect claims; `sock_release` frees) |
@@ -71,8 +71,8 @@
 ///   ([`ConnRevNat`]); socket storage when the socket's entry is held by another socket.
 ///   A `.rodata` constant (`MCS_CONN_SLOTS`) holds the array's size.
 /// - 5: counters in one plain array, a row of `stride` entries per possible CPU (index
-///   `cpu × stride + frontend id`), memory-mappable so the agent reads them without a syscall
-///   per frontend; [`Counters`] padded to 32 bytes (two per cache line). A `.rodata` constant
+///   `cpu × stride + frontend id`), which the agent reads with one batch lookup per row;
+///   [`Counters`] padded to 32 bytes (two per cache line). A `.rodata` constant
 ///   (`MCS_COUNTER_STRIDE`) holds the stride.
 pub const PIN_VERSION: u32 = 5;
 
@@ -319,9 +319,6 @@ pub struct Counters {
 /// CPU's row, one more than the highest frontend id (ids start at 1). The loader sets it from
 /// the map's size (a pinned map keeps the stride it was created with).
 pub const COUNTER_STRIDE_GLOBAL: &str = "MCS_COUNTER_STRIDE";
-
-/// `BPF_F_MMAPABLE`: the array's values can be memory-mapped by userspace.
-pub const BPF_F_MMAPABLE: u32 = 1 << 10;
 
 /// Length of the namespace, port-name and cluster-name fields: DNS labels, at most 63 bytes,
 /// NUL-padded.

@@ -39,8 +39,8 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::debug;
 use dataplane_ebpf::{
-    AF_INET, AF_INET6, AffinityKey, AffinityMatchKey, AffinityValue, BPF_F_MMAPABLE, ClusterName,
-    ConnRevNat, Counters, ECONNREFUSED, ENOMEM, FRONTEND_F_AFFINITY, FRONTEND_F_WILDCARD, Frontend,
+    AF_INET, AF_INET6, AffinityKey, AffinityMatchKey, AffinityValue, ClusterName, ConnRevNat,
+    Counters, ECONNREFUSED, ENOMEM, FRONTEND_F_AFFINITY, FRONTEND_F_WILDCARD, Frontend,
     FrontendKey4, FrontendKey6, FrontendName, IPPROTO_TCP, IPPROTO_UDP, RevNatKey4, RevNatKey6,
     RevNatValue4, RevNatValue6, Slot, SockRevNat, affinity_fresh, cookie_hash, defaults,
     ip6_mapped_v4, ip6_v4_mapped, pick_slot,
@@ -88,9 +88,9 @@ static REVNAT4: LruHashMap<RevNatKey4, RevNatValue4, MAX_REVNAT> = LruHashMap::n
 static REVNAT6: LruHashMap<RevNatKey6, RevNatValue6, MAX_REVNAT> = LruHashMap::new();
 /// A row of `MCS_COUNTER_STRIDE` entries per CPU, indexed by frontend id within it (ids start at
 /// 1). One cache line per call, where a per-CPU array costs two (the entry's per-CPU pointer,
-/// then the value); memory-mappable, so the agent sums the rows without a syscall per entry.
+/// then the value).
 #[btf_map(name = "MCS_COUNTERS")]
-static COUNTERS: Array<Counters, { MAX_FRONTENDS + 1 }, { BPF_F_MMAPABLE as usize }> = Array::new();
+static COUNTERS: Array<Counters, { MAX_FRONTENDS + 1 }> = Array::new();
 /// The entries of one CPU's row of `MCS_COUNTERS` (`.rodata`, set by the loader from the map's
 /// size; read with `read_volatile` so that the compiler does not fold the default in).
 #[unsafe(no_mangle)]
@@ -285,7 +285,8 @@ fn bump(frontend_id: u32, f: impl FnOnce(&mut Counters)) {
         return;
     }
     if let Some(c) = COUNTERS.get_ptr_mut(cpu.wrapping_mul(stride).wrapping_add(frontend_id)) {
-        // This CPU's row: no other writer while we run (programs run with migration disabled).
+        // This CPU's row (programs run with migration disabled). A program that preempts this
+        // one on the same CPU may lose an increment, as with a per-CPU map.
         f(unsafe { &mut *c });
     }
 }

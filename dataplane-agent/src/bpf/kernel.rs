@@ -10,7 +10,7 @@ use dataplane_ebpf::{
 };
 
 use super::{
-    counters::CounterRows,
+    counters::{CounterRows, possible_cpus},
     maps::{Capacities, FeKey, MapContents, MapKind, MapOp, MapWriteError, MapWriter},
     sys::{self as batch, Elems, bytes_of},
 };
@@ -47,17 +47,42 @@ pub enum KernelMapError {
     },
     #[error("cannot count CPUs: {0}")]
     Cpus(String),
-    #[error("pinned map MCS_COUNTERS: {0}")]
+    #[error(
+        "pinned map MCS_COUNTERS: {0}; remove the old pins with `dataplane-agent uninstall --pin-dir DIR`"
+    )]
     CounterLayout(String),
-    #[error("cannot memory-map MCS_COUNTERS: {0}")]
-    MapCounters(#[source] std::io::Error),
 }
 
-/// The possible CPUs: the rows of `MCS_COUNTERS` (programs index them by CPU number).
-pub fn possible_cpus() -> Result<u32, KernelMapError> {
-    aya::util::nr_cpus()
-        .map_err(|(what, e)| KernelMapError::Cpus(format!("{what}: {e}")))
-        .map(|n| n as u32)
+/// Entries `start..start + count` of an array map of `T`, in batch lookups; entries past the
+/// end of the array are left at their default.
+pub(super) fn read_array<T: aya::Pod + Default>(
+    fd: std::os::fd::BorrowedFd<'_>,
+    start: u32,
+    count: usize,
+) -> std::io::Result<Vec<T>> {
+    let mut out = vec![T::default(); count];
+    let mut filled = 0usize;
+    while filled < out.len() {
+        let want = (out.len() - filled).min(BATCH_MAX);
+        let from = start
+            .checked_add(filled as u32)
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        let dst = &mut out[filled..filled + want];
+        // SAFETY: `T` is plain data (`aya::Pod`): any bytes the kernel writes into the buffer
+        // make a valid `T`, and the buffer covers exactly `dst`.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(
+                dst.as_mut_ptr().cast::<u8>(),
+                std::mem::size_of_val(dst),
+            )
+        };
+        let n = batch::lookup_array(&fd, from, bytes, size_of::<T>(), want as u32)?;
+        if n == 0 {
+            break; // past the end of the array
+        }
+        filled += n as usize;
+    }
+    Ok(out)
 }
 
 /// Handles on every agent-owned map.
@@ -201,7 +226,7 @@ impl KernelMaps {
                 open(maps_dir, map_names::AFFINITY_MATCH)?,
                 map_names::AFFINITY_MATCH,
             )?,
-            counters: CounterRows::map(counters, possible_cpus()?)?,
+            counters: CounterRows::new(counters, possible_cpus()?)?,
             names: typed(
                 open(maps_dir, map_names::FRONTEND_NAMES)?,
                 map_names::FRONTEND_NAMES,
@@ -309,12 +334,19 @@ impl KernelMaps {
     /// Adds each frontend's counters, summed over CPUs, where any is non-zero.
     fn read_counters(&self, contents: &mut MapContents) -> Result<(), KernelMapError> {
         let ids: Vec<u32> = contents.frontends().map(|(_, f)| f.id).collect();
-        for id in ids {
-            let sum = self.counters.sum(id);
-            if sum != Counters::default() {
-                contents.counters.insert(id, sum);
-            }
-        }
+        let sums = self
+            .counters
+            .sums(&ids)
+            .map_err(|io_error| KernelMapError::Read {
+                name: map_names::COUNTERS,
+                source: MapError::SyscallError(aya::sys::SyscallError {
+                    call: "BPF_MAP_LOOKUP_BATCH",
+                    io_error,
+                }),
+            })?;
+        contents
+            .counters
+            .extend(sums.into_iter().filter(|(_, c)| *c != Counters::default()));
         Ok(())
     }
 
@@ -455,35 +487,8 @@ impl MapWriter for KernelMaps {
     }
 
     fn read_slots(&self, base: u32, count: u16) -> Result<Vec<Slot>, MapWriteError> {
-        let mut slots = vec![Slot::default(); count as usize];
-        let mut filled = 0usize;
-        let fd = self.slots.map().fd().as_fd();
-        while filled < slots.len() {
-            let want = (slots.len() - filled).min(BATCH_MAX);
-            let start = base.checked_add(filled as u32).ok_or_else(|| {
-                syscall_error(
-                    MapKind::Slots,
-                    "read",
-                    std::io::Error::from_raw_os_error(libc::EINVAL),
-                )
-            })?;
-            let dst = &mut slots[filled..filled + want];
-            // SAFETY: `Slot` is plain data (`aya::Pod`): any bytes the kernel writes into the
-            // buffer make a valid `Slot`, and the buffer covers exactly `dst`.
-            let bytes = unsafe {
-                std::slice::from_raw_parts_mut(
-                    dst.as_mut_ptr().cast::<u8>(),
-                    std::mem::size_of_val(dst),
-                )
-            };
-            let n = batch::lookup_array(&fd, start, bytes, size_of::<Slot>(), want as u32)
-                .map_err(|e| syscall_error(MapKind::Slots, "BPF_MAP_LOOKUP_BATCH", e))?;
-            if n == 0 {
-                break; // past the end of the array: left as never written
-            }
-            filled += n as usize;
-        }
-        Ok(slots)
+        read_array(self.slots.map().fd().as_fd(), base, count as usize)
+            .map_err(|e| syscall_error(MapKind::Slots, "BPF_MAP_LOOKUP_BATCH", e))
     }
 
     fn quiesce(&mut self) -> Result<(), MapWriteError> {

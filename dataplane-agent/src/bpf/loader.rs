@@ -40,6 +40,7 @@ use dataplane_ebpf::{CONN_SLOTS_GLOBAL, COUNTER_STRIDE_GLOBAL, map_names};
 use tracing::{info, warn};
 
 use super::{
+    counters,
     kernel::{KernelMapError, KernelMaps},
     maps::Capacities,
 };
@@ -439,11 +440,18 @@ fn conn_revnat_size(maps_dir: &Path, max_connected: u32) -> u32 {
 
 /// The entries of one CPU's row of `MCS_COUNTERS`: the pinned map's when there is one (the
 /// programs and the agent index it with the stride it was created with), else one per frontend
-/// id, `1..=max_frontends`.
-fn counter_stride(maps_dir: &Path, max_frontends: u32, cpus: u32) -> u32 {
+/// id, `1..=max_frontends`. A pinned map of another layout (an older agent's, in a pin
+/// directory without the version in its path) is refused before any program is loaded.
+fn counter_stride(maps_dir: &Path, max_frontends: u32, cpus: u32) -> Result<u32, LoadError> {
     match MapInfo::from_pin(maps_dir.join(map_names::COUNTERS)) {
-        Ok(info) => info.max_entries() / cpus.max(1),
-        Err(_) => max_frontends.saturating_add(1),
+        Ok(info) => counters::stride_of(
+            info.map_type().ok(),
+            info.value_size(),
+            info.max_entries(),
+            cpus,
+        )
+        .map_err(|why| KernelMapError::CounterLayout(why).into()),
+        Err(_) => Ok(max_frontends.saturating_add(1)),
     }
 }
 
@@ -465,8 +473,8 @@ fn install_as_allowed(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
     fs::create_dir_all(&progs).map_err(io("cannot create", &progs))?;
 
     let conn_slots = conn_revnat_size(&maps_dir, cfg.max_connected);
-    let cpus = super::kernel::possible_cpus()?;
-    let counter_stride = counter_stride(&maps_dir, cfg.max_frontends, cpus);
+    let cpus = counters::possible_cpus()?;
+    let counter_stride = counter_stride(&maps_dir, cfg.max_frontends, cpus)?;
     let counter_entries = counter_stride
         .checked_mul(cpus)
         .ok_or(LoadError::TooManyCounters {
