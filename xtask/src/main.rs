@@ -8,6 +8,7 @@
 //! - `demo`: the standalone demo.
 //! - `manifests [--check]`: generates `deploy/crds/` from the Rust types.
 //! - `bench [--quick] [-- ARGS]`: the benchmarks, written to `target/bench/`.
+//! - `kernels [PACKAGE...]`: the programs on other kernels, each in a VM (`tests/kernels/run.sh`).
 
 mod demo;
 mod manifests;
@@ -73,6 +74,13 @@ enum Task {
         /// `--seconds 3`).
         #[arg(last = true)]
         args: Vec<String>,
+    },
+    /// Boot the eBPF programs on other kernels, each in a throwaway VM: load, verify, attach,
+    /// and route TCP and UDP through a VIP (tests/kernels/run.sh). `test` runs it on the
+    /// default kernel.
+    Kernels {
+        /// Debian kernel packages (default: the newest linux-image-6.1.0-*-amd64).
+        packages: Vec<String>,
     },
     /// The standalone demo: three clusters in network namespaces, real traffic, a report.
     Demo {
@@ -202,6 +210,8 @@ fn test(no_setup: bool, args: &[String]) -> anyhow::Result<()> {
     // The committed CRDs must be what the Rust types generate.
     manifests::run(true)?;
     validate_deploy()?;
+    // The oldest kernel the programs support (6.1), in a VM.
+    kernels(&workspace_root().join("target").join("debug"), &[])?;
     let mut cmd = cargo();
     cmd.args(["test", "--workspace", "--exclude", "dataplane-ebpf"])
         // Root-only tests fail instead of skipping: CI runs as root and must run them all.
@@ -209,6 +219,14 @@ fn test(no_setup: bool, args: &[String]) -> anyhow::Result<()> {
         .arg("--")
         .args(args);
     run(&mut cmd)
+}
+
+/// Runs tests/kernels/run.sh on `packages` with the binaries in `bin`.
+fn kernels(bin: &std::path::Path, packages: &[String]) -> anyhow::Result<()> {
+    run(Command::new("sh")
+        .arg(workspace_root().join("tests/kernels/run.sh"))
+        .args(packages)
+        .env("MCS_KERNELS_BIN", bin))
 }
 
 fn bench(quick: bool, no_setup: bool, args: &[String]) -> anyhow::Result<()> {
@@ -238,6 +256,7 @@ fn main() -> anyhow::Result<()> {
             run(Command::new(dir.join("dataplane-agent")).args(args))
         }
         Task::Manifests { check } => manifests::run(check),
+        Task::Kernels { packages } => kernels(&build(false)?, &packages),
         Task::Demo { dir, probes, wait } => demo::demo(dir, probes, wait),
         Task::Bench {
             quick,

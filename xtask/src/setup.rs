@@ -8,7 +8,8 @@ use crate::run;
 
 /// Debian packages: LLVM 22 for bpf-linker; iproute2 for the test namespaces; bpftool to read
 /// the maps; iptables and nftables for the benchmarks' kube-proxy modes, dnsperf and NSD for the
-/// DNS benchmark, and a font for the benchmark plot.
+/// DNS benchmark, a font for the benchmark plot, and qemu and a static busybox for the check on
+/// older kernels (`tests/kernels/run.sh`).
 const PACKAGES: &[&str] = &[
     "llvm-22-dev",
     "libpolly-22-dev",
@@ -19,6 +20,8 @@ const PACKAGES: &[&str] = &[
     "dnsperf",
     "nsd",
     "fonts-dejavu-core",
+    "qemu-system-x86",
+    "busybox-static",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
