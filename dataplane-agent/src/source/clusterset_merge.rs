@@ -18,10 +18,11 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use dataplane_core::{
-    lb::inputs::{ImportInput, SliceInput, record_input},
+    lb::inputs::{ImportInput, SliceInput},
     merge::{ClusterSetCidrs, MergeState},
     model::{ClusterId, NamespacedName, name::Name, records::ImportRecord},
     plan::Merged,
@@ -189,12 +190,12 @@ impl ClusterSetMerge {
         for service in services {
             let out = self.state.service(&service);
             let sent = self.sent.entry(service.clone()).or_default();
+            // The merge's own record is what the node files (shared, not copied).
             match (out.and_then(|o| o.import.as_ref()), &sent.import) {
-                (Some(new), Some(old)) if old.record() == Some(new) => {}
+                (Some(new), Some(old)) if Arc::ptr_eq(new, old) || new == old => {}
                 (Some(new), _) => {
-                    let input = record_input(new.clone());
-                    upserted.push(Change::Import(input.clone()));
-                    sent.import = Some(input);
+                    upserted.push(Change::Import(Arc::clone(new)));
+                    sent.import = Some(Arc::clone(new));
                 }
                 (None, Some(_)) => {
                     deleted.push(Change::ImportDeleted(service.clone()));
@@ -206,7 +207,7 @@ impl ClusterSetMerge {
             let gone: Vec<Name> = sent
                 .slices
                 .keys()
-                .filter(|name| !slices.iter().any(|s| s.name == **name))
+                .filter(|name| !slices.iter().any(|s| *s.id().name == **name))
                 .cloned()
                 .collect();
             for name in gone {
@@ -217,16 +218,18 @@ impl ClusterSetMerge {
                 )));
             }
             for slice in slices {
+                let Some(record) = slice.record() else {
+                    continue; // the merge's slices are all usable
+                };
                 if sent
                     .slices
-                    .get(&slice.name)
-                    .is_some_and(|old| old.record() == Some(slice))
+                    .get(&record.name)
+                    .is_some_and(|old| Arc::ptr_eq(old, slice) || old == slice)
                 {
                     continue;
                 }
-                let input = record_input(slice.clone());
-                upserted.push(Change::Slice(input.clone()));
-                sent.slices.insert(slice.name.clone(), input);
+                upserted.push(Change::Slice(Arc::clone(slice)));
+                sent.slices.insert(record.name.clone(), Arc::clone(slice));
             }
             if sent.import.is_none() && sent.slices.is_empty() {
                 self.sent.remove(&service);

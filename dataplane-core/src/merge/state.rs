@@ -30,6 +30,7 @@ use super::{
     ClusterSetConfig, ClusterSnapshot, Diagnostic, ExportStatus, MergeOutput, ServiceRouting,
     conditions, exports, families, ips, ports, properties, slices,
 };
+use crate::lb::inputs::{ImportInput, SliceInput};
 use crate::model::{
     ClusterId, ClusterStatus, IpFamily, LABEL_K8S_SERVICE_NAME, NamespacedName,
     ServiceImportStatus, ServiceImportType,
@@ -68,17 +69,30 @@ pub enum MemberChange {
 /// What the merge made of one service.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ServiceOutput {
-    /// The import, when at least one export is valid.
-    pub import: Option<ImportRecord>,
+    /// The import, when at least one export is valid, in the form the node files it: the
+    /// node's inputs share it rather than copy it (read it with [`ServiceOutput::import`]).
+    pub import: Option<ImportInput>,
     /// Which clusters serve which port and family, with the import.
     pub routing: Option<ServiceRouting>,
-    /// The imported slices.
-    pub slices: Vec<ImportedSlice>,
+    /// The imported slices, in the form the node files them (shared, like `import`).
+    pub slices: Vec<SliceInput>,
     /// The conditions of the service's exports, by cluster.
     pub statuses: Vec<ExportStatus>,
     /// The endpoints of members' local slices the address policy kept out of `slices`,
     /// sorted.
     pub refused: Vec<RefusedEndpoint>,
+}
+
+impl ServiceOutput {
+    /// The import, when at least one export is valid.
+    pub fn import(&self) -> Option<&ImportRecord> {
+        self.import.as_deref().and_then(|c| c.record())
+    }
+
+    /// The imported slices.
+    pub fn slices(&self) -> impl Iterator<Item = &ImportedSlice> {
+        self.slices.iter().filter_map(|c| c.record())
+    }
 }
 
 /// One member's objects of one service.
@@ -156,7 +170,10 @@ impl SliceNames {
 
     /// Frees the names of `slices`. Contention when another service wanted one of them: it
     /// may get it now.
-    fn release(&mut self, slices: &[ImportedSlice]) -> Result<(), Contention> {
+    fn release<'s>(
+        &mut self,
+        slices: impl IntoIterator<Item = &'s ImportedSlice>,
+    ) -> Result<(), Contention> {
         let mut contended = false;
         for s in slices {
             if let Some(used) = self.used.get_mut(&s.service.namespace) {
@@ -233,7 +250,7 @@ impl MergeState {
     fn current_ips(&self) -> HashMap<NamespacedName, Vec<IpAddr>> {
         self.outputs
             .values()
-            .filter_map(|o| o.import.as_ref())
+            .filter_map(|o| o.import())
             .map(|i| (i.service.clone(), i.ips.clone()))
             .collect()
     }
@@ -475,7 +492,7 @@ impl MergeState {
                 .outputs
                 .values()
                 .chain(before.values().flatten())
-                .filter_map(|o| o.import.as_ref())
+                .filter_map(|o| o.import())
                 .map(|i| (i.service.clone(), i.ips.clone()))
                 .collect();
             let previous: HashMap<NamespacedName, ServiceOutput> =
@@ -516,7 +533,7 @@ impl MergeState {
         let mut existing = HashMap::with_capacity(batch.len());
         let mut releases_ips = false;
         for s in batch {
-            if let Some(import) = self.outputs.get(s).and_then(|o| o.import.as_ref()) {
+            if let Some(import) = self.outputs.get(s).and_then(|o| o.import()) {
                 releases_ips |= !import.ips.is_empty();
                 existing.insert(s.clone(), import.ips.clone());
             }
@@ -530,13 +547,13 @@ impl MergeState {
         let mut released = Ok(());
         for s in batch {
             if let Some(out) = self.outputs.get(s) {
-                released = released.and(names.release(&out.slices));
+                released = released.and(names.release(out.slices()));
             }
         }
         self.names = names;
         released?;
         for s in batch {
-            if let Some(import) = self.outputs.get(s).and_then(|o| o.import.as_ref()) {
+            if let Some(import) = self.outputs.get(s).and_then(|o| o.import()) {
                 for ip in &import.ips {
                     self.ip_owners.remove(ip);
                 }
@@ -579,7 +596,7 @@ impl MergeState {
 
     /// Every import of the importing cluster, in no particular order.
     pub fn imports(&self) -> impl Iterator<Item = &ImportRecord> {
-        self.outputs.values().filter_map(|o| o.import.as_ref())
+        self.outputs.values().filter_map(|o| o.import())
     }
 
     /// The whole merge, every list sorted as [`MergeOutput`] documents.
@@ -591,9 +608,9 @@ impl MergeState {
             ..Default::default()
         };
         for (_, o) in &services {
-            out.service_imports.extend(o.import.iter().cloned());
+            out.service_imports.extend(o.import().cloned());
             out.routing.extend(o.routing.iter().cloned());
-            out.endpoint_slices.extend(o.slices.iter().cloned());
+            out.endpoint_slices.extend(o.slices().cloned());
             out.export_statuses.extend(o.statuses.iter().cloned());
         }
         out.export_statuses

@@ -36,6 +36,7 @@ pub use observed::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::{
+    lb::inputs::{SliceInput, record_input},
     merge::{
         ClusterSetConfig, ClusterSnapshot, ExportStatus, MemberChange, MergeOutput, MergeState,
         ServiceOutput,
@@ -228,8 +229,8 @@ fn conflict_true(conditions: &[Condition]) -> Option<&Condition> {
 pub struct DesiredService<'a> {
     /// Its import, when it has one.
     pub import: Option<&'a ImportRecord>,
-    /// Its imported slices.
-    pub slices: &'a [ImportedSlice],
+    /// Its imported slices (as the merge keeps them).
+    pub slices: &'a [SliceInput],
     /// The conditions of the local cluster's export of it, when it exports it.
     pub local_export: Option<&'a ExportStatus>,
 }
@@ -241,7 +242,7 @@ impl<'a> DesiredService<'a> {
             return DesiredService::default();
         };
         DesiredService {
-            import: o.import.as_ref(),
+            import: o.import(),
             slices: &o.slices,
             local_export: o.statuses.iter().find(|s| &s.cluster == local),
         }
@@ -333,7 +334,7 @@ pub fn reconcile_service(
         }
     }
     let mut wanted_slices = BTreeSet::new();
-    for s in desired.slices {
+    for s in desired.slices.iter().filter_map(|c| c.record()) {
         wanted_slices.insert(&*s.name);
         let agrees = observed
             .slices
@@ -488,9 +489,12 @@ pub fn reconcile(
     for i in &plan.service_imports {
         imports.insert(&i.service, i);
     }
-    let mut slices: HashMap<&NamespacedName, Vec<ImportedSlice>> = HashMap::new();
+    let mut slices: HashMap<&NamespacedName, Vec<SliceInput>> = HashMap::new();
     for s in &plan.endpoint_slices {
-        slices.entry(&s.service).or_default().push(s.clone());
+        slices
+            .entry(&s.service)
+            .or_default()
+            .push(record_input(s.clone()));
     }
     let mut statuses: HashMap<&NamespacedName, &ExportStatus> = HashMap::new();
     for s in plan.export_statuses.iter().filter(|s| &s.cluster == local) {

@@ -2,6 +2,7 @@
 //! the imported slices, for the services [`MergeState`] marked.
 
 use super::*;
+use crate::lb::inputs::record_input;
 
 impl MergeState {
     /// Merges the services of `batch` in order. `strict` (an update): contention is an error
@@ -161,9 +162,9 @@ impl MergeState {
             out.push((
                 service.clone(),
                 Some(ServiceOutput {
-                    import: Some(import),
+                    import: Some(record_input(import)),
                     routing: Some(routing),
-                    slices,
+                    slices: slices.into_iter().map(record_input).collect(),
                     statuses,
                     refused,
                 }),
