@@ -166,6 +166,8 @@ impl ClusterSetMerge {
         let mut state = MergeState::new(self.files.config().clone(), cluster);
         state.set_policy(self.policy.clone());
         state.load(&self.files.used_snapshots(), &current);
+        // The node keeps the records it has; the new state shares those that did not change.
+        state.keep_unchanged_records_of(&self.state);
         self.state = state;
         self.reload_pending = false;
         let mut services: BTreeSet<NamespacedName> = self.sent.keys().cloned().collect();

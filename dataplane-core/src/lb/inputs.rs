@@ -7,7 +7,8 @@
 //! updated for those services only ([`super::LbState::update`]).
 //!
 //! The objects arrive converted into compact records ([`ImportRecord`], [`ImportedSlice`]),
-//! shared (`Arc`), never copied: the index is the only store of the node's inputs.
+//! shared (`Arc`), never copied: the index is the node's only store of them (in standalone
+//! mode the merge's outputs hold the same records).
 //! A complete list (the first list of a watch, a re-list after the watch was lost, a directory
 //! read) replaces everything of its kind: objects not in it are pruned, and the services whose
 //! objects differ are reported. The index is ready once it has had a complete list of both

@@ -93,6 +93,21 @@ impl ServiceOutput {
     pub fn slices(&self) -> impl Iterator<Item = &ImportedSlice> {
         self.slices.iter().filter_map(|c| c.record())
     }
+
+    /// Takes `old`'s records where they equal this output's: the node holds the old ones, and
+    /// keeps sharing them with the merge after a re-merge that did not change them.
+    fn keep_unchanged(&mut self, old: &ServiceOutput) {
+        if let (Some(new), Some(prev)) = (&mut self.import, &old.import)
+            && new == prev
+        {
+            *new = Arc::clone(prev);
+        }
+        for slice in &mut self.slices {
+            if let Some(prev) = old.slices.iter().find(|p| *p == slice) {
+                *slice = Arc::clone(prev);
+            }
+        }
+    }
 }
 
 /// One member's objects of one service.
@@ -562,7 +577,10 @@ impl MergeState {
         for (s, out) in self.merge_batch(batch, &existing, true)? {
             self.starved.remove(&s);
             match out {
-                Some(out) => {
+                Some(mut out) => {
+                    if let Some(old) = self.outputs.get(&s) {
+                        out.keep_unchanged(old);
+                    }
                     self.outputs.insert(s, out);
                 }
                 None => {
@@ -575,7 +593,7 @@ impl MergeState {
 
     /// Forgets every output and merges every service, in namespace/name order.
     fn merge_everything(&mut self, existing: &HashMap<NamespacedName, Vec<IpAddr>>) {
-        self.outputs.clear();
+        let previous = std::mem::take(&mut self.outputs);
         self.ip_owners.clear();
         self.starved.clear();
         self.names = SliceNames::default();
@@ -587,6 +605,23 @@ impl MergeState {
                 .filter_map(|(s, o)| Some((s, o?)))
                 .collect();
         }
+        self.keep_unchanged_records(&previous);
+    }
+
+    /// Takes the records of `previous` outputs that equal the current ones (see
+    /// [`ServiceOutput::keep_unchanged`]); for a state rebuilt from scratch, `previous` is the
+    /// old state's outputs.
+    fn keep_unchanged_records(&mut self, previous: &HashMap<NamespacedName, ServiceOutput>) {
+        for (service, out) in &mut self.outputs {
+            if let Some(old) = previous.get(service) {
+                out.keep_unchanged(old);
+            }
+        }
+    }
+
+    /// [`Self::keep_unchanged_records`] of another state (the one this state replaces).
+    pub fn keep_unchanged_records_of(&mut self, replaced: &MergeState) {
+        self.keep_unchanged_records(&replaced.outputs);
     }
 
     /// What the merge made of `service`, when it made anything.

@@ -296,3 +296,48 @@ fn the_policy_given_is_the_one_applied() {
     );
     assert_eq!(refused_condition(&out, "a"), None);
 }
+
+/// Whether `after` holds the very records of `before` (not equal copies).
+fn assert_same_records(before: &ServiceOutput, after: &ServiceOutput) {
+    assert!(Arc::ptr_eq(
+        before.import.as_ref().expect("an import"),
+        after.import.as_ref().expect("an import")
+    ));
+    assert_eq!(before.slices.len(), after.slices.len());
+    assert!(
+        before
+            .slices
+            .iter()
+            .zip(&after.slices)
+            .all(|(x, y)| Arc::ptr_eq(x, y))
+    );
+}
+
+/// A re-merge that leaves a service's output as it was keeps the very records it handed out
+/// (the standalone node holds them), in an incremental update and in a full merge.
+#[test]
+fn a_re_merge_that_changes_nothing_keeps_the_shared_records() {
+    let names = Interner::default();
+    let mut state = MergeState::new(ClusterSetConfig::default(), ClusterId::new("a").unwrap());
+    apply_all(&mut state, exporting("a", "web", &names));
+    apply_all(&mut state, exporting("b", "web", &names));
+    let web = NamespacedName::new("ns", "web");
+    let before = state.service(&web).expect("web").clone();
+    assert_eq!(before.slices.len(), 2);
+
+    // b's Service sent again, unchanged: the service is re-merged to the same output.
+    apply_all(&mut state, exporting("b", "web", &names));
+    assert_same_records(&before, state.service(&web).expect("web"));
+
+    // A change to b's endpoints: a's slice is kept, b's is new.
+    apply_all(&mut state, exporting_at("b", "web", &["10.0.0.9"], &names));
+    let changed = state.service(&web).expect("web");
+    let kept = |s: &SliceInput| before.slices.iter().any(|b| Arc::ptr_eq(b, s));
+    assert_eq!(changed.slices.iter().filter(|s| kept(s)).count(), 1);
+
+    // A full merge of the same inputs keeps them too.
+    let before = state.service(&web).expect("web").clone();
+    let existing = sticky_ips(&state.imports().cloned().collect::<Vec<_>>());
+    state.merge_everything(&existing);
+    assert_same_records(&before, state.service(&web).expect("web"));
+}
