@@ -101,13 +101,17 @@ pub struct KernelMaps {
     lock: Option<std::os::fd::OwnedFd>,
 }
 
-fn open(dir: &Path, name: &'static str) -> Result<Map, KernelMapError> {
+fn open_data(dir: &Path, name: &'static str) -> Result<MapData, KernelMapError> {
     let path = dir.join(name);
-    let data = MapData::from_pin(&path).map_err(|source| KernelMapError::Open {
+    MapData::from_pin(&path).map_err(|source| KernelMapError::Open {
         path: path.display().to_string(),
         source,
-    })?;
-    Map::from_map_data(data).map_err(|source| KernelMapError::Layout { name, source })
+    })
+}
+
+fn open(dir: &Path, name: &'static str) -> Result<Map, KernelMapError> {
+    Map::from_map_data(open_data(dir, name)?)
+        .map_err(|source| KernelMapError::Layout { name, source })
 }
 
 fn typed<T: TryFrom<Map, Error = MapError>>(
@@ -209,12 +213,6 @@ impl KernelMaps {
             slots: max_entries(&slots),
             clusters: max_entries(&clusters),
         };
-        let counters = MapData::from_pin(maps_dir.join(map_names::COUNTERS)).map_err(|source| {
-            KernelMapError::Open {
-                path: maps_dir.join(map_names::COUNTERS).display().to_string(),
-                source,
-            }
-        })?;
         Ok(KernelMaps {
             fe4: typed(fe4, map_names::FRONTENDS4)?,
             fe6: typed(
@@ -226,7 +224,10 @@ impl KernelMaps {
                 open(maps_dir, map_names::AFFINITY_MATCH)?,
                 map_names::AFFINITY_MATCH,
             )?,
-            counters: CounterRows::new(counters, possible_cpus()?)?,
+            counters: CounterRows::new(
+                open_data(maps_dir, map_names::COUNTERS)?,
+                possible_cpus()?,
+            )?,
             names: typed(
                 open(maps_dir, map_names::FRONTEND_NAMES)?,
                 map_names::FRONTEND_NAMES,
