@@ -260,8 +260,6 @@ pub struct MergeOutput {
     /// The imported EndpointSlices for the importing cluster, sorted by namespace/name. Their
     /// endpoints are shared with the member's local slices whenever they are the same.
     pub endpoint_slices: Vec<ImportedSlice>,
-    /// Per import, which clusters serve which port and family (sorted by service).
-    pub routing: Vec<ServiceRouting>,
     /// What in the input was skipped or repaired, sorted, without duplicates.
     pub diagnostics: Vec<Diagnostic>,
 }

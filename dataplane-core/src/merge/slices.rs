@@ -29,7 +29,7 @@ use super::ServiceRouting;
 use super::exports::Export;
 use super::ips::fnv1a;
 use crate::model::{
-    ClusterId, IpFamily,
+    ClusterId, Interner, IpFamily,
     member::LocalSlice,
     name::Name,
     records::{Endpoint, EndpointExtra, Endpoints, ImportedSlice, PortProtocol, SlicePort},
@@ -76,11 +76,13 @@ pub(crate) type Claim<'a, E> =
     dyn FnMut(&Name, String, &dyn Fn() -> String) -> Result<String, E> + 'a;
 
 /// Builds the imported slices of one service (`routing.service`), appended to `out`, their
-/// names from `claim`; the endpoints `policy` refuses are left out and appended to `refused`.
+/// names from `claim`, their port lists shared through `port_lists`; the endpoints `policy`
+/// refuses are left out and appended to `refused`.
 pub(crate) fn build<E>(
     contributing: &[&Export<'_>],
     routing: &ServiceRouting,
     policy: &AddressPolicy,
+    port_lists: &Interner,
     out: &mut Vec<ImportedSlice>,
     refused: &mut Vec<RefusedEndpoint>,
     claim: &mut Claim<'_, E>,
@@ -146,7 +148,7 @@ pub(crate) fn build<E>(
             let mut index = 0usize;
             groups.sort_by(|a, b| a.0.cmp(&b.0));
             for (ports, locals) in groups {
-                let ports: Arc<[SlicePort]> = ports.into();
+                let ports = port_lists.port_list(ports);
                 for endpoints in chunks(&locals) {
                     index += 1;
                     let candidate = if index == 1 {

@@ -17,22 +17,17 @@
 //! So an update always gives what a full merge of the same inputs gives, with the current
 //! imports as the existing ones (property-tested in `merge/tests.rs`).
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
 
 use foldhash::{HashMap, HashMapExt as _, HashSet};
 
 use super::{
-    ClusterSetConfig, ClusterSnapshot, Diagnostic, ExportStatus, MergeOutput, ServiceRouting,
-    conditions, exports, families, ips, ports, properties, slices,
+    ClusterSetConfig, ClusterSnapshot, Diagnostic, ExportStatus, MergeOutput, conditions, exports,
+    families, ips, ports, properties, slices,
 };
 use crate::lb::inputs::{ImportInput, SliceInput};
 use crate::model::{
-    ClusterId, ClusterStatus, IpFamily, LABEL_K8S_SERVICE_NAME, NamespacedName,
+    ClusterId, ClusterStatus, Interner, IpFamily, LABEL_K8S_SERVICE_NAME, NamespacedName,
     ServiceImportStatus, ServiceImportType,
     member::{ExportRecord, LocalSlice, ServiceRecord},
     name::Name,
@@ -72,8 +67,6 @@ pub struct ServiceOutput {
     /// The import, when at least one export is valid, in the form the node files it: the
     /// node's inputs share it rather than copy it (read it with [`ServiceOutput::import`]).
     pub import: Option<ImportInput>,
-    /// Which clusters serve which port and family, with the import.
-    pub routing: Option<ServiceRouting>,
     /// The imported slices, in the form the node files them (shared, like `import`).
     pub slices: Vec<SliceInput>,
     /// The conditions of the service's exports, by cluster.
@@ -125,8 +118,9 @@ impl Member {
     }
 }
 
-/// A member's objects by service.
-type Members = BTreeMap<ClusterId, Member>;
+/// The members' objects of one service, by cluster: a sorted list, since a service has a
+/// handful of members (a tree node would be several times their size).
+type Members = litemap::LiteMap<ClusterId, Member>;
 
 /// Every service's members. A hashbrown map for `entry_ref`: filing an object under a service
 /// that is already there (nearly every call) clones no name.
@@ -222,6 +216,12 @@ pub struct MergeState {
     /// ClusterSetIP imports a full CIDR left without IPs.
     starved: BTreeSet<NamespacedName>,
     names: SliceNames,
+    /// The imported slices' port lists, one allocation per distinct list (the clusters of a
+    /// service, and most services, declare the same ports).
+    port_lists: Interner,
+    /// How many lists were in use at the last purge: the lists no slice holds any more are
+    /// dropped once there are twice as many, so updates pay for a purge only now and then.
+    port_lists_purged_at: usize,
     /// Duplicates found by the last [`MergeState::load`].
     load_diagnostics: Vec<Diagnostic>,
 }
@@ -242,6 +242,8 @@ impl MergeState {
             ip_owners: HashMap::new(),
             starved: BTreeSet::new(),
             names: SliceNames::default(),
+            port_lists: Interner::new(),
+            port_lists_purged_at: 0,
             load_diagnostics: Vec::new(),
         }
     }
@@ -497,6 +499,20 @@ impl MergeState {
         if dirty.is_empty() {
             return BTreeSet::new();
         }
+        let changed = self.update_dirty(dirty);
+        self.purge_port_lists(false);
+        changed
+    }
+
+    /// Drops the port lists no slice holds any more: `always`, or once they have doubled.
+    fn purge_port_lists(&mut self, always: bool) {
+        if always || self.port_lists.port_list_count() > 2 * self.port_lists_purged_at.max(32) {
+            self.port_lists.purge();
+            self.port_lists_purged_at = self.port_lists.port_list_count();
+        }
+    }
+
+    fn update_dirty(&mut self, dirty: &BTreeSet<NamespacedName>) -> BTreeSet<NamespacedName> {
         let before: HashMap<NamespacedName, Option<ServiceOutput>> = dirty
             .iter()
             .map(|s| (s.clone(), self.outputs.get(s).cloned()))
@@ -606,6 +622,8 @@ impl MergeState {
                 .collect();
         }
         self.keep_unchanged_records(&previous);
+        drop(previous);
+        self.purge_port_lists(true);
     }
 
     /// Takes the records of `previous` outputs that equal the current ones (see
@@ -629,6 +647,14 @@ impl MergeState {
         self.outputs.get(service)
     }
 
+    /// Every import and imported slice, as the node files them: the merge's own records,
+    /// shared, in no particular order.
+    pub fn node_inputs(&self) -> (Vec<ImportInput>, Vec<SliceInput>) {
+        let imports = self.outputs.values().filter_map(|o| o.import.clone());
+        let slices = self.outputs.values().flat_map(|o| o.slices.iter().cloned());
+        (imports.collect(), slices.collect())
+    }
+
     /// Every import of the importing cluster, in no particular order.
     pub fn imports(&self) -> impl Iterator<Item = &ImportRecord> {
         self.outputs.values().filter_map(|o| o.import())
@@ -644,7 +670,6 @@ impl MergeState {
         };
         for (_, o) in &services {
             out.service_imports.extend(o.import().cloned());
-            out.routing.extend(o.routing.iter().cloned());
             out.endpoint_slices.extend(o.slices().cloned());
             out.export_statuses.extend(o.statuses.iter().cloned());
         }

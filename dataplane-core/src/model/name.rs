@@ -80,6 +80,14 @@ impl Interner {
             .len()
     }
 
+    /// How many port lists the interner holds.
+    pub fn port_list_count(&self) -> usize {
+        self.port_lists
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
     /// Whether the interner holds no name.
     pub fn is_empty(&self) -> bool {
         self.len() == 0

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::lb::inputs::record_input;
+use crate::merge::ServiceRouting;
 
 impl MergeState {
     /// Merges the services of `batch` in order. `strict` (an update): contention is an error
@@ -24,6 +25,7 @@ impl MergeState {
             ip_owners,
             starved,
             names,
+            port_lists,
             ..
         } = self;
         let empty = Members::new();
@@ -140,15 +142,15 @@ impl MergeState {
             for ip in &ips_out {
                 ip_owners.insert(*ip, service.clone());
             }
-            let routing = d.routing();
             let mut slices = Vec::new();
             let mut refused = Vec::new();
             if d.families.supported {
                 let batch = strict.then_some(batch);
                 slices::build(
                     &d.contributing,
-                    &routing,
+                    &d.routing(),
                     policy,
+                    port_lists,
                     &mut slices,
                     &mut refused,
                     &mut |ns, c, salt| names.claim(ns, c, salt, service, batch),
@@ -159,12 +161,14 @@ impl MergeState {
             refused_conditions(&mut statuses, &refused);
             let mut import = d.import(ips_out, ready);
             withdrawn_note(&mut import, withdrawn, *grace);
+            // Not an in-place collect: that would keep the records' buffer, 12 times the size.
+            let mut shared = Vec::with_capacity(slices.len());
+            shared.extend(slices.into_iter().map(record_input));
             out.push((
                 service.clone(),
                 Some(ServiceOutput {
                     import: Some(record_input(import)),
-                    routing: Some(routing),
-                    slices: slices.into_iter().map(record_input).collect(),
+                    slices: shared,
                     statuses,
                     refused,
                 }),

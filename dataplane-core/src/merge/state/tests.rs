@@ -341,3 +341,33 @@ fn a_re_merge_that_changes_nothing_keeps_the_shared_records() {
     state.merge_everything(&existing);
     assert_same_records(&before, state.service(&web).expect("web"));
 }
+
+/// Imported slices that declare the same ports share one port list, across clusters and
+/// services and across updates, and a service's list of slices has no spare room (an
+/// in-place collect from the records would have kept room for twelve times as many).
+#[test]
+fn slices_share_their_port_lists_and_a_service_holds_no_spare_room() {
+    let names = Interner::default();
+    let mut state = MergeState::new(ClusterSetConfig::default(), ClusterId::new("a").unwrap());
+    for (cluster, service) in [("a", "web"), ("b", "web"), ("c", "web"), ("a", "api")] {
+        apply_all(&mut state, exporting(cluster, service, &names));
+    }
+    let slices: Vec<&ImportedSlice> = ["web", "api"]
+        .iter()
+        .flat_map(|s| {
+            state
+                .service(&NamespacedName::new("ns", *s))
+                .expect(s)
+                .slices()
+        })
+        .collect();
+    assert_eq!(slices.len(), 4);
+    assert!(!slices[0].ports.is_empty());
+    assert!(
+        slices
+            .iter()
+            .all(|s| Arc::ptr_eq(&s.ports, &slices[0].ports))
+    );
+    let web = state.service(&NamespacedName::new("ns", "web")).unwrap();
+    assert_eq!(web.slices.capacity(), web.slices.len());
+}
