@@ -219,6 +219,12 @@ pub fn build_records(imports: &[ImportRecord], slices: &[ImportedSlice]) -> LbTa
     )
 }
 
+/// Builds the table from the records a node files, shared rather than copied (what a daemon
+/// does with a merge's records, [`crate::merge::MergeState::node_inputs`]).
+pub fn build_shared(imports: Vec<inputs::ImportInput>, slices: Vec<inputs::SliceInput>) -> LbTable {
+    build_inputs(imports, slices, Vec::new())
+}
+
 fn build_inputs(
     imports: Vec<inputs::ImportInput>,
     slices: Vec<inputs::SliceInput>,

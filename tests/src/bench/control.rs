@@ -22,7 +22,7 @@ use dataplane_agent::bpf::{
 use dataplane_core::{
     fixtures::synthetic::{self, Shape},
     lb::{self, FrontendAddr, LbTable, Protocol},
-    merge::{self, ClusterSetConfig, MergeOutput},
+    merge::{self, ClusterSetConfig, MergeOutput, MergeState},
     model::{EndpointSlice, LABEL_APP_MANAGED_BY, MANAGED_BY, NamespacedName},
 };
 use serde::Serialize;
@@ -200,7 +200,10 @@ fn plan_for(shape: Shape) -> MergeOutput {
     merge::merge(&snapshots, &ClusterSetConfig::default(), &importing(), &[])
 }
 
-/// Times `runs` full merges and lb builds; returns the last plan and table too.
+/// Times `runs` full merges and lb builds as a daemon does them: the merge state loads every
+/// member's records, and the lb table is built from the records it shares with the node
+/// (the copy of everything into a [`MergeOutput`], which only `plan` and the report make, is
+/// left out). Returns the last plan and table too.
 fn merge_and_build(shape: Shape, runs: usize) -> (MergeTiming, MergeOutput, LbTable) {
     let snapshots = synthetic::member_snapshots(shape);
     let config = ClusterSetConfig::default();
@@ -210,16 +213,19 @@ fn merge_and_build(shape: Shape, runs: usize) -> (MergeTiming, MergeOutput, LbTa
         // The previous result is freed outside the timing, as a daemon frees it between runs.
         drop(last.take());
         let started = Instant::now();
-        let plan = merge::merge(&snapshots, &config, &importing(), &[]);
+        let mut state = MergeState::new(config.clone(), importing());
+        state.load(&snapshots, &[]);
         let merged = started.elapsed();
-        let table = lb::build_records(&plan.service_imports, &plan.endpoint_slices);
+        let (imports, slices) = state.node_inputs();
+        let table = lb::build_shared(imports, slices);
         let total = started.elapsed();
         merges.push(ms(merged));
         builds.push(ms(total - merged));
         totals.push(ms(total));
-        last = Some((plan, table));
+        last = Some((state, table));
     }
-    let (plan, table) = last.expect("at least one run");
+    let (state, table) = last.expect("at least one run");
+    let plan = state.output();
     let timing = MergeTiming {
         shape,
         runs: totals.len(),
