@@ -16,7 +16,7 @@
 //! changes nothing, and the next batch tries again.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeSet,
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -42,8 +42,8 @@ use super::{
 #[derive(Debug, Default)]
 struct Sent {
     import: Option<ImportInput>,
-    /// By slice name.
-    slices: BTreeMap<Name, SliceInput>,
+    /// By slice name: a sorted list, as a service has a slice or two per cluster.
+    slices: litemap::LiteMap<Name, SliceInput>,
 }
 
 /// What an update did.
@@ -264,6 +264,8 @@ impl ClusterSetMerge {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use dataplane_core::{lb::inputs::InputIndex, merge::ConditionType};
 
     use super::*;

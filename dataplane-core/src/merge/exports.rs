@@ -52,7 +52,7 @@ pub(crate) struct ClusterObjects<'a> {
     /// Local slices by the Service they belong to, sorted by slice name.
     pub slices: HashMap<NamespacedName, Vec<Arc<LocalSlice>>>,
     /// Local slices without a service label.
-    pub unlabelled: Vec<NamespacedName>,
+    pub unlabelled: Vec<Arc<LocalSlice>>,
 }
 
 /// A valid export, ready to merge.
@@ -142,7 +142,7 @@ pub(crate) fn index_clusters<'a>(
         }
         for slice in &snap.endpoint_slices {
             let Some(svc) = &slice.service else {
-                objs.unlabelled.push(slice.id.clone());
+                objs.unlabelled.push(Arc::clone(slice));
                 continue;
             };
             let service = NamespacedName::new(slice.id.namespace.clone(), Name::clone(svc));

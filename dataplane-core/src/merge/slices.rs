@@ -73,7 +73,7 @@ fn hashed(base: &str, salt: &str) -> String {
 
 /// Hands out a slice's name: (namespace, candidate, the salt of a hashed name) to the name.
 pub(crate) type Claim<'a, E> =
-    dyn FnMut(&Name, String, &dyn Fn() -> String) -> Result<String, E> + 'a;
+    dyn FnMut(&Name, String, &dyn Fn() -> String) -> Result<Name, E> + 'a;
 
 /// Builds the imported slices of one service (`routing.service`), appended to `out`, their
 /// names from `claim`, their port lists shared through `port_lists`; the endpoints `policy`
@@ -158,7 +158,7 @@ pub(crate) fn build<E>(
                     };
                     let name = claim(&service.namespace, candidate, &salt)?;
                     out.push(ImportedSlice {
-                        name: Name::from(name),
+                        name,
                         service: service.clone(),
                         cluster: e.cluster.clone(),
                         family: *family,

@@ -29,6 +29,7 @@ use crate::lb::inputs::{ImportInput, SliceInput};
 use crate::model::{
     ClusterId, ClusterStatus, Interner, IpFamily, LABEL_K8S_SERVICE_NAME, NamespacedName,
     ServiceImportStatus, ServiceImportType,
+    by_id::ById,
     member::{ExportRecord, LocalSlice, ServiceRecord},
     name::Name,
     records::{ImportRecord, ImportedSlice},
@@ -139,7 +140,8 @@ struct Contention;
 /// service wanted.
 #[derive(Debug, Default)]
 struct SliceNames {
-    used: HashMap<Name, HashMap<String, NamespacedName>>,
+    /// The names are the slices' own (shared, not copied).
+    used: HashMap<Name, HashMap<Name, NamespacedName>>,
     contested: HashSet<(Name, String)>,
 }
 
@@ -154,14 +156,14 @@ impl SliceNames {
         salt: &dyn Fn() -> String,
         owner: &NamespacedName,
         batch: Option<&BTreeSet<NamespacedName>>,
-    ) -> Result<String, Contention> {
+    ) -> Result<Name, Contention> {
         let used = match self.used.get_mut(namespace) {
             Some(u) => u,
             None => self.used.entry(namespace.clone()).or_default(),
         };
         let mut name = slices::bounded(&candidate, salt);
         let mut n = 0u32;
-        while let Some(holder) = used.get(&name) {
+        while let Some(holder) = used.get(name.as_str()) {
             if let Some(batch) = batch
                 && owner < holder
                 && !batch.contains(holder)
@@ -173,7 +175,8 @@ impl SliceNames {
             n += 1;
             name = slices::renamed(&candidate, salt, n);
         }
-        used.insert(name.clone(), owner.clone());
+        let name = Name::from(name);
+        used.insert(Name::clone(&name), owner.clone());
         Ok(name)
     }
 
@@ -208,8 +211,10 @@ pub struct MergeState {
     /// Which endpoints may be imported.
     policy: AddressPolicy,
     services: ServiceMembers,
-    /// Where each member's local slice is filed (`None`: it has no service label).
-    slice_homes: HashMap<(ClusterId, NamespacedName), Option<NamespacedName>>,
+    /// Every member's local slices by id, labelled or not; a slice's label says where it is
+    /// filed ([`home_of`]). The slices themselves are the buckets: 8 bytes each, where a map
+    /// from a copy of the id to a copy of the service took 80.
+    filed_slices: HashMap<ClusterId, ById<Arc<LocalSlice>>>,
     withdrawn: BTreeSet<ClusterId>,
     outputs: HashMap<NamespacedName, ServiceOutput>,
     ip_owners: HashMap<IpAddr, NamespacedName>,
@@ -236,7 +241,7 @@ impl MergeState {
             importing,
             grace: Duration::ZERO,
             services: ServiceMembers::default(),
-            slice_homes: HashMap::new(),
+            filed_slices: HashMap::new(),
             withdrawn: BTreeSet::new(),
             outputs: HashMap::new(),
             ip_owners: HashMap::new(),
@@ -280,7 +285,7 @@ impl MergeState {
         let mut diagnostics = Vec::new();
         let clusters = exports::index_clusters(snapshots, &mut diagnostics);
         self.services.clear();
-        self.slice_homes.clear();
+        self.filed_slices.clear();
         for (cluster, objs) in clusters {
             for (id, svc) in objs.services {
                 self.member(id, cluster).service = Some(svc);
@@ -289,14 +294,15 @@ impl MergeState {
                 self.member(id, cluster).export = Some(export);
             }
             for (service, slices) in objs.slices {
+                let filed = self.filed_slices.entry(cluster.clone()).or_default();
                 for s in &slices {
-                    self.slice_homes
-                        .insert((cluster.clone(), s.id.clone()), Some(service.clone()));
+                    filed.insert(Arc::clone(s));
                 }
                 self.member(&service, cluster).slices = slices;
             }
-            for id in objs.unlabelled {
-                self.slice_homes.insert((cluster.clone(), id), None);
+            let filed = self.filed_slices.entry(cluster.clone()).or_default();
+            for s in objs.unlabelled {
+                filed.insert(s);
             }
         }
         self.load_diagnostics = diagnostics;
@@ -379,10 +385,12 @@ impl MergeState {
             MemberChange::Slices(c, list) => {
                 let listed: BTreeSet<NamespacedName> = list.iter().map(|s| s.id.clone()).collect();
                 let gone: Vec<NamespacedName> = self
-                    .slice_homes
-                    .keys()
-                    .filter(|(cluster, id)| *cluster == c && !listed.contains(id))
-                    .map(|(_, id)| id.clone())
+                    .filed_slices
+                    .get(&c)
+                    .into_iter()
+                    .flat_map(ById::iter)
+                    .filter(|s| !listed.contains(&s.id))
+                    .map(|s| s.id.clone())
                     .collect();
                 for id in gone {
                     self.unfile_slice(&c, &id, dirty);
@@ -451,24 +459,21 @@ impl MergeState {
         slice: Arc<LocalSlice>,
         dirty: &mut BTreeSet<NamespacedName>,
     ) {
-        let home = slice
-            .service
-            .as_ref()
-            .map(|s| NamespacedName::new(slice.id.namespace.clone(), Name::clone(s)));
-        let key = (cluster.clone(), slice.id.clone());
-        let unchanged = self.slice_homes.get(&key) == Some(&home)
-            && home.as_ref().is_some_and(|h| {
-                self.services
-                    .get(h)
-                    .and_then(|m| m.get(&cluster))
-                    .is_some_and(|m| m.slices.contains(&slice))
-            });
+        // Filed as it is: in the member's list of the service its label names (the home).
+        let unchanged = self
+            .filed_slices
+            .get(&cluster)
+            .and_then(|f| f.get(&slice.id))
+            .is_some_and(|old| Arc::ptr_eq(old, &slice) || **old == *slice);
         if unchanged {
             return;
         }
         self.unfile_slice(&cluster, &slice.id, dirty);
-        self.slice_homes.insert(key, home.clone());
-        if let Some(service) = home {
+        self.filed_slices
+            .entry(cluster.clone())
+            .or_default()
+            .insert(Arc::clone(&slice));
+        if let Some(service) = home_of(&slice) {
             let slices = &mut self.member(&service, &cluster).slices;
             let at = slices.partition_point(|s| s.id.name <= slice.id.name);
             slices.insert(at, slice);
@@ -482,10 +487,14 @@ impl MergeState {
         id: &NamespacedName,
         dirty: &mut BTreeSet<NamespacedName>,
     ) {
-        let Some(home) = self.slice_homes.remove(&(cluster.clone(), id.clone())) else {
+        let Some(old) = self
+            .filed_slices
+            .get_mut(cluster)
+            .and_then(|f| f.remove(id))
+        else {
             return;
         };
-        if let Some(service) = home {
+        if let Some(service) = home_of(&old) {
             self.take(&service, cluster, |m| {
                 m.slices.retain(|s| s.id != *id);
                 true
@@ -687,11 +696,11 @@ impl MergeState {
     /// kept out; sorted.
     pub fn diagnostics(&self) -> Vec<Diagnostic> {
         let mut out = self.load_diagnostics.clone();
-        for ((cluster, id), home) in &self.slice_homes {
-            if home.is_none() {
+        for (cluster, filed) in &self.filed_slices {
+            for s in filed.iter().filter(|s| s.service.is_none()) {
                 out.push(Diagnostic {
                     cluster: Some(cluster.clone()),
-                    object: format!("EndpointSlice {id}"),
+                    object: format!("EndpointSlice {}", s.id),
                     message: format!("no {LABEL_K8S_SERVICE_NAME} label; ignored"),
                 });
             }
@@ -718,6 +727,15 @@ impl MergeState {
         out.dedup();
         out
     }
+}
+
+/// The service a local slice belongs to: its namespace and `kubernetes.io/service-name` label.
+fn home_of(slice: &LocalSlice) -> Option<NamespacedName> {
+    let service = slice.service.as_ref()?;
+    Some(NamespacedName::new(
+        slice.id.namespace.clone(),
+        Name::clone(service),
+    ))
 }
 
 /// The IPs each of `imports` holds, one import per service (the smallest, when several).

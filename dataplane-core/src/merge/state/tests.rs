@@ -18,11 +18,11 @@ fn slice_names_are_unique_per_namespace_and_bounded() {
     };
     let a = claim(&ns, "web-a-b-ipv4", "ns/web/a-b", &web);
     let b = claim(&ns, "web-a-b-ipv4", "ns/web-a/b", &web_a);
-    assert_eq!(a, "web-a-b-ipv4");
+    assert_eq!(&*a, "web-a-b-ipv4");
     assert_ne!(a, b);
     assert!(b.starts_with("web-a-b-ipv4-"));
     // another namespace may reuse the name
-    assert_eq!(claim(&other, "web-a-b-ipv4", "x", &web), "web-a-b-ipv4");
+    assert_eq!(&*claim(&other, "web-a-b-ipv4", "x", &web), "web-a-b-ipv4");
     let long = claim(&ns, &"x".repeat(400), "salt", &web);
     assert!(long.len() <= slices::MAX_NAME);
     let again = claim(&ns, &"x".repeat(400), "salt", &web_a);
@@ -49,7 +49,7 @@ fn an_update_meets_contention_where_the_order_decides() {
     let hashed = n
         .claim(&ns, "n".into(), &salt, &b, Some(&batch))
         .expect("in order");
-    assert_ne!(hashed, "n");
+    assert_ne!(&*hashed, "n");
 }
 
 /// A member exporting `service` with one ready IPv4 endpoint on port http.
