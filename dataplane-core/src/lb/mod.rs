@@ -247,7 +247,12 @@ fn warnings_of<'a, T: Record>(
     c: &'a Converted<T>,
     kind: &str,
 ) -> impl Iterator<Item = LbWarning> + 'a {
-    let object = format!("{kind} {}", c.id());
+    // Named only when there is something to say: nearly every object has no warning.
+    let object = if c.warnings.is_empty() {
+        String::new()
+    } else {
+        format!("{kind} {}", c.id())
+    };
     c.warnings.iter().map(move |message| LbWarning {
         object: object.clone(),
         message: message.clone(),

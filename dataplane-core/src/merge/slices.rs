@@ -23,7 +23,7 @@
 //! gets `-<8 hex digits of FNV-1a>` of the service and cluster; names are capped at 253
 //! characters the same way.
 
-use std::sync::Arc;
+use std::{borrow::Cow, sync::Arc};
 
 use super::ServiceRouting;
 use super::exports::Export;
@@ -42,11 +42,11 @@ pub const MAX_ENDPOINTS: usize = 100;
 pub const MAX_NAME: usize = 253;
 
 /// `candidate`, or, when it is longer than [`MAX_NAME`], its start with a hash of `salt()`.
-pub(crate) fn bounded(candidate: &str, salt: &dyn Fn() -> String) -> String {
+pub(crate) fn bounded<'c>(candidate: &'c str, salt: &dyn Fn() -> String) -> Cow<'c, str> {
     if candidate.len() > MAX_NAME {
-        hashed(candidate, &salt())
+        Cow::Owned(hashed(candidate, &salt()))
     } else {
-        candidate.to_owned()
+        Cow::Borrowed(candidate)
     }
 }
 
@@ -72,11 +72,10 @@ fn hashed(base: &str, salt: &str) -> String {
 }
 
 /// Hands out a slice's name: (namespace, candidate, the salt of a hashed name) to the name.
-pub(crate) type Claim<'a, E> =
-    dyn FnMut(&Name, String, &dyn Fn() -> String) -> Result<Name, E> + 'a;
+pub(crate) type Claim<'a, E> = dyn FnMut(&Name, &str, &dyn Fn() -> String) -> Result<Name, E> + 'a;
 
 /// Builds the imported slices of one service (`routing.service`), appended to `out`, their
-/// names from `claim`, their port lists shared through `port_lists`; the endpoints `policy`
+/// names from `claim`, their port lists and port names shared through `port_lists`; the endpoints `policy`
 /// refuses are left out and appended to `refused`.
 pub(crate) fn build<E>(
     contributing: &[&Export<'_>],
@@ -117,7 +116,7 @@ pub(crate) fn build<E>(
                             (lp.name.as_deref().unwrap_or("") == name
                                 && lp.protocol.as_deref().unwrap_or("TCP") == proto)
                                 .then(|| SlicePort {
-                                    name: Name::from(name),
+                                    name: port_lists.intern(name),
                                     protocol: PortProtocol::parse(Some(proto))
                                         .unwrap_or(PortProtocol::Tcp),
                                     port: lp.port,
@@ -151,10 +150,12 @@ pub(crate) fn build<E>(
                 let ports = port_lists.port_list(ports);
                 for endpoints in chunks(&locals) {
                     index += 1;
+                    let numbered;
                     let candidate = if index == 1 {
-                        base.clone()
+                        &base
                     } else {
-                        format!("{base}-{index}")
+                        numbered = format!("{base}-{index}");
+                        &numbered
                     };
                     let name = claim(&service.namespace, candidate, &salt)?;
                     out.push(ImportedSlice {

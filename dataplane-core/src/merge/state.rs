@@ -17,7 +17,7 @@
 //! So an update always gives what a full merge of the same inputs gives, with the current
 //! imports as the existing ones (property-tested in `merge/tests.rs`).
 
-use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
+use std::{borrow::Cow, collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
 
 use foldhash::{HashMap, HashMapExt as _, HashSet};
 
@@ -152,7 +152,7 @@ impl SliceNames {
     fn claim(
         &mut self,
         namespace: &Name,
-        candidate: String,
+        candidate: &str,
         salt: &dyn Fn() -> String,
         owner: &NamespacedName,
         batch: Option<&BTreeSet<NamespacedName>>,
@@ -161,9 +161,9 @@ impl SliceNames {
             Some(u) => u,
             None => self.used.entry(namespace.clone()).or_default(),
         };
-        let mut name = slices::bounded(&candidate, salt);
+        let mut name = slices::bounded(candidate, salt);
         let mut n = 0u32;
-        while let Some(holder) = used.get(name.as_str()) {
+        while let Some(holder) = used.get(&*name) {
             if let Some(batch) = batch
                 && owner < holder
                 && !batch.contains(holder)
@@ -171,11 +171,11 @@ impl SliceNames {
                 return Err(Contention);
             }
             self.contested
-                .insert((namespace.clone(), candidate.clone()));
+                .insert((namespace.clone(), candidate.to_owned()));
             n += 1;
-            name = slices::renamed(&candidate, salt, n);
+            name = Cow::Owned(slices::renamed(candidate, salt, n));
         }
-        let name = Name::from(name);
+        let name = Name::from(&*name);
         used.insert(Name::clone(&name), owner.clone());
         Ok(name)
     }
@@ -221,8 +221,8 @@ pub struct MergeState {
     /// ClusterSetIP imports a full CIDR left without IPs.
     starved: BTreeSet<NamespacedName>,
     names: SliceNames,
-    /// The imported slices' port lists, one allocation per distinct list (the clusters of a
-    /// service, and most services, declare the same ports).
+    /// The imported slices' port lists and port names, one allocation per distinct list or
+    /// name (the clusters of a service, and most services, declare the same ports).
     port_lists: Interner,
     /// How many lists were in use at the last purge: the lists no slice holds any more are
     /// dropped once there are twice as many, so updates pay for a purge only now and then.
