@@ -173,14 +173,20 @@ where
         u32::from(128 - cidrs.ipv6.prefix_len()),
         taken,
     );
-    // One walk over the held addresses counts those of both pools.
-    for ip in taken.keys() {
-        let pool = match ip {
-            IpAddr::V4(_) => &mut v4,
-            IpAddr::V6(_) => &mut v6,
-        };
-        if pool.offset_of(ip).is_some() {
-            pool.held_here += 1;
+    // One walk over the held addresses counts those of both pools, which only matters when
+    // a pool may be too small for the requests: with room for every held address and every
+    // request, nobody starves whatever the count. An update of one service skips the walk
+    // over the other 10,000.
+    let most_needed = taken.len() as u128 + requests.len() as u128;
+    if v4.usable < most_needed || v6.usable < most_needed {
+        for ip in taken.keys() {
+            let pool = match ip {
+                IpAddr::V4(_) => &mut v4,
+                IpAddr::V6(_) => &mut v6,
+            };
+            if pool.offset_of(ip).is_some() {
+                pool.held_here += 1;
+            }
         }
     }
     let mut sorted: Vec<Request<'_>> = requests.to_vec();
@@ -276,6 +282,18 @@ mod tests {
         allocate(reqs, &existing, cidrs, &std::collections::HashMap::new()).ips
     }
 
+    /// An IPv4 request for each of `services`, in order.
+    fn ipv4_requests<'a>(services: &[&'a NamespacedName]) -> Vec<Request<'a>> {
+        const V4: &[IpFamily] = &[IpFamily::IPv4];
+        services
+            .iter()
+            .map(|service| Request {
+                service,
+                families: V4,
+            })
+            .collect()
+    }
+
     /// The allocation as text, to compare with addresses written out.
     fn text(got: &BTreeMap<NamespacedName, Vec<IpAddr>>) -> BTreeMap<NamespacedName, Vec<String>> {
         got.iter()
@@ -315,21 +333,7 @@ mod tests {
     fn keeps_valid_existing_ips_and_replaces_invalid_ones() {
         let cidrs = ClusterSetCidrs::default();
         let (a, b, c) = (nn("a"), nn("b"), nn("c"));
-        let v4 = [IpFamily::IPv4];
-        let reqs = [
-            Request {
-                service: &a,
-                families: &v4,
-            },
-            Request {
-                service: &b,
-                families: &v4,
-            },
-            Request {
-                service: &c,
-                families: &v4,
-            },
-        ];
+        let reqs = ipv4_requests(&[&a, &b, &c]);
         let existing = [
             record(import("demo", "a").ips(["241.0.3.4"])),
             // the same IP claimed by b: a is earlier in order and keeps it
@@ -386,6 +390,31 @@ mod tests {
             .map(|(s, ips)| record(import("demo", &s.name).ips(ips)))
             .collect();
         assert_eq!(alloc(&reqs, &back, &cidrs), allocated);
+    }
+
+    /// Addresses held by services outside the requests count against a small pool, and a
+    /// pool large enough for all of them and the requests starves nobody.
+    #[test]
+    fn addresses_held_outside_the_requests_leave_room_only_for_the_rest() {
+        let (a, b, held_by) = (nn("a"), nn("b"), nn("z"));
+        let reqs = ipv4_requests(&[&a, &b]);
+        let held: std::collections::HashMap<IpAddr, NamespacedName> =
+            std::collections::HashMap::from([("10.9.0.2".parse().expect("ip"), held_by)]);
+        let small = ClusterSetCidrs {
+            ipv4: "10.9.0.0/30".parse().expect("cidr"),
+            ..Default::default()
+        };
+        let none = std::collections::HashMap::new();
+        let got = allocate(&reqs, &none, &small, &held);
+        assert_eq!(
+            text(&got.ips),
+            BTreeMap::from([(a.clone(), vec!["10.9.0.1".to_owned()])])
+        );
+        assert_eq!(got.starved, vec![b.clone()]);
+
+        let got = allocate(&reqs, &none, &ClusterSetCidrs::default(), &held);
+        assert_eq!(got.ips.len(), 2);
+        assert!(got.starved.is_empty());
     }
 
     #[test]
