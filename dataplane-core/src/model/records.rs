@@ -482,6 +482,15 @@ impl<T: Record> Converted<T> {
 }
 
 impl ImportedSlice {
+    /// The labels of the EndpointSlice the controller writes for it.
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (LABEL_SERVICE_NAME.to_owned(), self.service.name.to_string()),
+            (LABEL_SOURCE_CLUSTER.to_owned(), self.cluster.to_string()),
+            (LABEL_MANAGED_BY.to_owned(), MANAGED_BY.to_owned()),
+        ])
+    }
+
     /// The port this slice gives the service port named `name` with `protocol`.
     pub fn port(&self, name: &str, protocol: PortProtocol) -> Option<u16> {
         self.ports
@@ -630,16 +639,11 @@ impl ImportedSlice {
 
     /// The EndpointSlice this record stands for, with the labels the controller writes.
     pub fn to_k8s(&self) -> EndpointSlice {
-        let labels = BTreeMap::from([
-            (LABEL_SERVICE_NAME.to_owned(), self.service.name.to_string()),
-            (LABEL_SOURCE_CLUSTER.to_owned(), self.cluster.to_string()),
-            (LABEL_MANAGED_BY.to_owned(), MANAGED_BY.to_owned()),
-        ]);
         EndpointSlice {
             metadata: ObjectMeta {
                 name: Some(self.name.to_string()),
                 namespace: Some(self.service.namespace.to_string()),
-                labels: Some(labels),
+                labels: Some(self.labels()),
                 ..Default::default()
             },
             address_type: self.family.address_type().to_owned(),

@@ -283,11 +283,6 @@ fn same_slice(desired: &ImportedSlice, observed: &ObservedSlice) -> bool {
     })
 }
 
-/// The labels the controller writes on an imported slice.
-fn slice_labels(s: &ImportedSlice) -> BTreeMap<String, String> {
-    s.to_k8s().metadata.labels.unwrap_or_default()
-}
-
 /// The actions that make one service agree with what the merge wants of it (see the module
 /// documentation): its import, its status, its slices, the deletions of what is no longer
 /// wanted, and its local export's conditions followed by an Event when a conflict appeared or
@@ -325,12 +320,16 @@ pub fn reconcile_service(
             && observed_status.clusters == status.clusters
             && sorted(&observed_status.conditions) == sorted(&status.conditions);
         want.status = Some(status);
-        let object = want.to_k8s();
-        if !main_agrees {
-            out.push(Action::ApplyImport(object.clone()));
-        }
-        if !status_agrees {
-            out.push(Action::ApplyImportStatus(object));
+        // Converted only to be written: nearly every pass finds the import as it should be.
+        match (main_agrees, status_agrees) {
+            (true, true) => {}
+            (false, true) => out.push(Action::ApplyImport(want.to_k8s())),
+            (true, false) => out.push(Action::ApplyImportStatus(want.to_k8s())),
+            (false, false) => {
+                let object = want.to_k8s();
+                out.push(Action::ApplyImport(object.clone()));
+                out.push(Action::ApplyImportStatus(object));
+            }
         }
     }
     let mut wanted_slices = BTreeSet::new();
@@ -340,7 +339,7 @@ pub fn reconcile_service(
             .slices
             .iter()
             .find(|o| o.id.name == s.name)
-            .is_some_and(|o| same_slice(s, o) && o.labels.agrees(&slice_labels(s)));
+            .is_some_and(|o| same_slice(s, o) && o.labels.agrees(&s.labels()));
         if !agrees {
             out.push(Action::ApplySlice(s.to_k8s()));
         }
