@@ -19,13 +19,19 @@ fn control_bench_measures_real_maps_and_the_agent() {
         endpoints: 4,
         ports: 2,
     };
+    // A second shape, as the full bench adds 50,000 services: more services, fewer endpoints.
+    let wide = Shape {
+        services: 150,
+        endpoints: 1,
+        ..shape
+    };
     let report = control::run(&ControlOptions {
         shape,
         merge_runs: 2,
         change_services: vec![1, 20],
         change_samples: 10,
         event_changes: 20,
-        rss_shapes: vec![shape],
+        rss_shapes: vec![shape, wide],
         controller_changes: 20,
     })
     .expect("control bench");
@@ -42,11 +48,17 @@ fn control_bench_measures_real_maps_and_the_agent() {
         assert_eq!(change.latency.samples, 10);
         assert!(change.latency.p50_ms > 0.0);
     }
-    let event = report.event_to_map.expect("event to map");
-    assert_eq!(event.timeouts, 0, "every edit reached the maps");
-    assert_eq!(event.latency.samples, 20);
-    let rss = &report.rss[0];
-    assert!(rss.rss_mib > 1.0 && rss.peak_mib >= rss.rss_mib);
+    // Edits reach the maps at both shapes, and the agent's memory is read at both.
+    let shapes: Vec<Shape> = report.event_to_map.iter().map(|e| e.shape).collect();
+    assert_eq!(shapes, [shape, wide]);
+    for event in &report.event_to_map {
+        assert_eq!(event.timeouts, 0, "every edit reached the maps");
+        assert_eq!(event.latency.samples, 20);
+    }
+    assert_eq!(report.rss.len(), 2);
+    for rss in &report.rss {
+        assert!(rss.rss_mib > 1.0 && rss.peak_mib >= rss.rss_mib);
+    }
     // Both file-fed agents reached every service's frontend (checked inside) and were measured.
     let modes: Vec<_> = report.files.iter().map(|f| f.mode).collect();
     assert_eq!(modes, ["node --from-dir", "run --clusterset-dir"]);

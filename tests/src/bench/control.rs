@@ -114,7 +114,8 @@ pub struct ControlReport {
     pub merge: Option<MergeTiming>,
     pub full_sync: Option<FullSync>,
     pub map_change: Vec<MapChange>,
-    pub event_to_map: Option<EventToMap>,
+    /// At the control shape, then at each further RSS shape.
+    pub event_to_map: Vec<EventToMap>,
     pub rss: Vec<Rss>,
     pub files: Vec<FilesRss>,
     pub controller: Option<ControllerRun>,
@@ -169,7 +170,7 @@ pub fn run(opts: &ControlOptions) -> anyhow::Result<ControlReport> {
             opts.event_changes, opts.shape
         );
         let (event, rss) = event_to_map(opts.shape, &plan, opts.event_changes)?;
-        report.event_to_map = Some(event);
+        report.event_to_map.push(event);
         report.rss.push(rss);
         eprintln!("bench: agents fed from files, {}", opts.shape);
         report.files = files_rss(opts.shape, &plan)?;
@@ -184,7 +185,8 @@ pub fn run(opts: &ControlOptions) -> anyhow::Result<ControlReport> {
         for &shape in opts.rss_shapes.iter().filter(|s| **s != opts.shape) {
             eprintln!("bench: agent memory, {shape}");
             let plan = plan_for(shape);
-            let (_, rss) = event_to_map(shape, &plan, 0)?;
+            let (event, rss) = event_to_map(shape, &plan, opts.event_changes)?;
+            report.event_to_map.push(event);
             report.rss.push(rss);
         }
     }
