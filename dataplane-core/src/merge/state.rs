@@ -265,6 +265,7 @@ impl MergeState {
             self.policy = policy;
             let existing = self.current_ips();
             self.merge_everything(&existing);
+            self.purge_port_lists(true);
         }
     }
 
@@ -308,12 +309,14 @@ impl MergeState {
         self.load_diagnostics = diagnostics;
         let existing: HashMap<NamespacedName, Vec<IpAddr>> = sticky_ips(existing);
         self.merge_everything(&existing);
+        self.purge_port_lists(true);
     }
 
     /// Merges every service again, keeping the ClusterSet IPs of `existing` (the importing
     /// cluster's current imports) while valid; the services the merge made anything of.
     pub fn merge_all(&mut self, existing: &[ImportRecord]) -> BTreeSet<NamespacedName> {
         self.merge_everything(&sticky_ips(existing));
+        self.purge_port_lists(true);
         self.outputs.keys().cloned().collect()
     }
 
@@ -508,8 +511,9 @@ impl MergeState {
         if dirty.is_empty() {
             return BTreeSet::new();
         }
-        let changed = self.update_dirty(dirty);
-        self.purge_port_lists(false);
+        let (changed, merged_everything) = self.update_dirty(dirty);
+        // After a full merge every list the old outputs held is free (they are gone now).
+        self.purge_port_lists(merged_everything);
         changed
     }
 
@@ -521,7 +525,11 @@ impl MergeState {
         }
     }
 
-    fn update_dirty(&mut self, dirty: &BTreeSet<NamespacedName>) -> BTreeSet<NamespacedName> {
+    /// [`Self::update`]: the services whose output changed, and whether it took a full merge.
+    fn update_dirty(
+        &mut self,
+        dirty: &BTreeSet<NamespacedName>,
+    ) -> (BTreeSet<NamespacedName>, bool) {
         let before: HashMap<NamespacedName, Option<ServiceOutput>> = dirty
             .iter()
             .map(|s| (s.clone(), self.outputs.get(s).cloned()))
@@ -556,13 +564,14 @@ impl MergeState {
                     .filter(|s| !previous.contains_key(*s))
                     .cloned(),
             );
-            return changed;
+            return (changed, true);
         }
-        before
+        let changed = before
             .into_iter()
             .filter(|(s, old)| self.outputs.get(s) != old.as_ref())
             .map(|(s, _)| s)
-            .collect()
+            .collect();
+        (changed, false)
     }
 
     /// Merges `batch` alone; `Err` when a full merge is needed instead. The outputs are then
@@ -631,8 +640,6 @@ impl MergeState {
                 .collect();
         }
         self.keep_unchanged_records(&previous);
-        drop(previous);
-        self.purge_port_lists(true);
     }
 
     /// Takes the records of `previous` outputs that equal the current ones (see
@@ -649,6 +656,9 @@ impl MergeState {
     /// [`Self::keep_unchanged_records`] of another state (the one this state replaces).
     pub fn keep_unchanged_records_of(&mut self, replaced: &MergeState) {
         self.keep_unchanged_records(&replaced.outputs);
+        // The records taken back hold the other state's port lists: this state's copies of
+        // them may be left unused.
+        self.purge_port_lists(true);
     }
 
     /// What the merge made of `service`, when it made anything.

@@ -371,3 +371,23 @@ fn slices_share_their_port_lists_and_a_service_holds_no_spare_room() {
     let web = state.service(&NamespacedName::new("ns", "web")).unwrap();
     assert_eq!(web.slices.capacity(), web.slices.len());
 }
+
+/// A state that takes back another state's records (a reload) drops its own copies of their
+/// port lists: nothing holds them any more.
+#[test]
+fn taking_back_the_replaced_states_records_frees_this_states_port_lists() {
+    let names = Interner::default();
+    let merged = |names: &Interner| {
+        let mut state = MergeState::new(ClusterSetConfig::default(), ClusterId::new("a").unwrap());
+        apply_all(&mut state, exporting("a", "web", names));
+        apply_all(&mut state, exporting("b", "web", names));
+        state
+    };
+    let old = merged(&names);
+    let mut new = merged(&names);
+    assert_eq!(new.port_lists.port_list_count(), 1);
+    new.keep_unchanged_records_of(&old);
+    let web = NamespacedName::new("ns", "web");
+    assert_same_records(old.service(&web).unwrap(), new.service(&web).unwrap());
+    assert_eq!(new.port_lists.port_list_count(), 0);
+}
