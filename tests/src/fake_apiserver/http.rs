@@ -555,7 +555,10 @@ impl Watch {
                     );
                     out = line("ERROR", &gone.status());
                 } else {
-                    for rec in st.history.iter().filter(|r| r.rv > self.cursor) {
+                    // The history is in resourceVersion order: start after the cursor
+                    // rather than scan all of it (10,000 records) on every wake.
+                    let start = st.history.partition_point(|r| r.rv <= self.cursor);
+                    for rec in st.history.range(start..) {
                         out.extend(self.event(rec));
                     }
                     self.cursor = self.cursor.max(st.rv);
