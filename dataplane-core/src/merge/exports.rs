@@ -141,11 +141,10 @@ pub(crate) fn index_clusters<'a>(
             }
         }
         for slice in &snap.endpoint_slices {
-            let Some(svc) = &slice.service else {
+            let Some(service) = slice.service_id() else {
                 objs.unlabelled.push(Arc::clone(slice));
                 continue;
             };
-            let service = NamespacedName::new(slice.id.namespace.clone(), Name::clone(svc));
             let list = objs.slices.entry(service).or_default();
             // Same namespace (part of the key), so the name identifies the slice.
             match list.iter_mut().find(|s| s.id.name == slice.id.name) {

@@ -212,7 +212,7 @@ pub struct MergeState {
     policy: AddressPolicy,
     services: ServiceMembers,
     /// Every member's local slices by id, labelled or not; a slice's label says where it is
-    /// filed ([`home_of`]). The slices themselves are the buckets: 8 bytes each, where a map
+    /// filed ([`LocalSlice::service_id`]). The slices themselves are the buckets: 8 bytes each, where a map
     /// from a copy of the id to a copy of the service took 80.
     filed_slices: HashMap<ClusterId, ById<Arc<LocalSlice>>>,
     withdrawn: BTreeSet<ClusterId>,
@@ -294,17 +294,18 @@ impl MergeState {
             for (id, export) in objs.exports {
                 self.member(id, cluster).export = Some(export);
             }
+            let mut filed = ById::default();
             for (service, slices) in objs.slices {
-                let filed = self.filed_slices.entry(cluster.clone()).or_default();
                 for s in &slices {
                     filed.insert(Arc::clone(s));
                 }
                 self.member(&service, cluster).slices = slices;
             }
-            let filed = self.filed_slices.entry(cluster.clone()).or_default();
             for s in objs.unlabelled {
                 filed.insert(s);
             }
+            // Each cluster once: index_clusters combines the snapshots of one cluster.
+            self.filed_slices.insert(cluster.clone(), filed);
         }
         self.load_diagnostics = diagnostics;
         let existing: HashMap<NamespacedName, Vec<IpAddr>> = sticky_ips(existing);
@@ -476,7 +477,7 @@ impl MergeState {
             .entry(cluster.clone())
             .or_default()
             .insert(Arc::clone(&slice));
-        if let Some(service) = home_of(&slice) {
+        if let Some(service) = slice.service_id() {
             let slices = &mut self.member(&service, &cluster).slices;
             let at = slices.partition_point(|s| s.id.name <= slice.id.name);
             slices.insert(at, slice);
@@ -497,7 +498,7 @@ impl MergeState {
         else {
             return;
         };
-        if let Some(service) = home_of(&old) {
+        if let Some(service) = old.service_id() {
             self.take(&service, cluster, |m| {
                 m.slices.retain(|s| s.id != *id);
                 true
@@ -737,15 +738,6 @@ impl MergeState {
         out.dedup();
         out
     }
-}
-
-/// The service a local slice belongs to: its namespace and `kubernetes.io/service-name` label.
-fn home_of(slice: &LocalSlice) -> Option<NamespacedName> {
-    let service = slice.service.as_ref()?;
-    Some(NamespacedName::new(
-        slice.id.namespace.clone(),
-        Name::clone(service),
-    ))
 }
 
 /// The IPs each of `imports` holds, one import per service (the smallest, when several).

@@ -160,6 +160,15 @@ pub struct LocalSlice {
 }
 
 impl LocalSlice {
+    /// The Service it belongs to: its namespace and `kubernetes.io/service-name` label.
+    pub fn service_id(&self) -> Option<NamespacedName> {
+        let service = self.service.as_ref()?;
+        Some(NamespacedName::new(
+            self.id.namespace.clone(),
+            Name::clone(service),
+        ))
+    }
+
     /// The IP family, when the `addressType` is IPv4 or IPv6.
     pub fn ip_family(&self) -> Option<IpFamily> {
         self.family.as_ref().ok().copied()

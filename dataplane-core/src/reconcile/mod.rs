@@ -321,13 +321,12 @@ pub fn reconcile_service(
             && sorted(&observed_status.conditions) == sorted(&status.conditions);
         want.status = Some(status);
         // Converted only to be written: nearly every pass finds the import as it should be.
-        match (main_agrees, status_agrees) {
-            (true, true) => {}
-            (false, true) => out.push(Action::ApplyImport(want.to_k8s())),
-            (true, false) => out.push(Action::ApplyImportStatus(want.to_k8s())),
-            (false, false) => {
-                let object = want.to_k8s();
+        if !(main_agrees && status_agrees) {
+            let object = want.to_k8s();
+            if !main_agrees {
                 out.push(Action::ApplyImport(object.clone()));
+            }
+            if !status_agrees {
                 out.push(Action::ApplyImportStatus(object));
             }
         }
