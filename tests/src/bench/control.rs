@@ -130,6 +130,21 @@ pub fn run_files(opts: &ControlOptions) -> anyhow::Result<ControlReport> {
     })
 }
 
+/// Only the node role on the API server, at the control-plane shape (`mcs-bench --only node`):
+/// its memory, time to sync and event-to-map latency.
+pub fn run_node(opts: &ControlOptions) -> anyhow::Result<ControlReport> {
+    eprintln!(
+        "bench: node role on the API, {} EndpointSlice changes, {}",
+        opts.event_changes, opts.shape
+    );
+    let (event, rss) = event_to_map(opts.shape, &plan_for(opts.shape), opts.event_changes)?;
+    Ok(ControlReport {
+        event_to_map: vec![event],
+        rss: vec![rss],
+        ..ControlReport::default()
+    })
+}
+
 /// Only the controller role (`mcs-bench --only controller`).
 pub fn run_controller(opts: &ControlOptions) -> anyhow::Result<ControlReport> {
     eprintln!(

@@ -195,11 +195,35 @@ pub fn goals(report: &BenchReport) -> Vec<Goal> {
                 met: e.latency.p99_ms <= 2.0 && all_arrived(&e.latency, e.timeouts),
             });
         }
-        if let Some(r) = cp.rss.iter().find(|r| r.shape == Shape::CONTROL_PLANE) {
+        // Issue 11's memory and readiness goals, at the control-plane shape: (agent, RSS,
+        // peak, seconds to be in sync) limits.
+        let on_api = cp.rss.iter().map(|r| ("node role on the API", r));
+        let files = cp.files.iter().map(|f| (f.mode, &f.rss));
+        for (agent, r) in on_api
+            .chain(files)
+            .filter(|(_, r)| r.shape == Shape::CONTROL_PLANE)
+        {
+            let (rss, peak, ready) = match agent {
+                "run --clusterset-dir" => (128.0, 256.0, None),
+                "node --from-dir" => (64.0, 128.0, Some(5.0)),
+                "node role on the API" => (64.0, 128.0, Some(3.0)),
+                _ => continue,
+            };
+            let ready_goal = ready
+                .map(|s| format!(", in sync <= {s:.0} s"))
+                .unwrap_or_default();
             goals.push(Goal {
-                goal: "agent RSS at 10,000 services: < 100 MiB".into(),
-                measured: format!("{:.0} MiB ({})", r.rss_mib, r.shape),
-                met: r.rss_mib < 100.0,
+                goal: format!(
+                    "{agent} at {}: RSS <= {rss:.0} MiB, peak <= {peak:.0} MiB{ready_goal}",
+                    r.shape
+                ),
+                measured: format!(
+                    "{:.1} MiB, peak {:.1} MiB, in sync after {:.1} s",
+                    r.rss_mib, r.peak_mib, r.startup_secs
+                ),
+                met: r.rss_mib <= rss
+                    && r.peak_mib <= peak
+                    && ready.is_none_or(|s| r.startup_secs <= s),
             });
         }
         if let Some(c) = cp

@@ -32,9 +32,9 @@ struct Args {
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
     /// Run only the datapath, the control-plane or the DNS part, or of the control plane only
-    /// the agents fed from files (`node --from-dir`, `run --clusterset-dir`) or the controller
-    /// role.
-    #[arg(long, value_parser = ["datapath", "control", "dns", "files", "controller"])]
+    /// the agents fed from files (`node --from-dir`, `run --clusterset-dir`), the node role on
+    /// the API server or the controller role.
+    #[arg(long, value_parser = ["datapath", "control", "dns", "files", "node", "controller"])]
     only: Option<String>,
     /// Import counts for the DNS part (comma-separated).
     #[arg(long, value_delimiter = ',')]
@@ -127,6 +127,9 @@ fn main() -> anyhow::Result<()> {
         (true, _) => Some(control::run(&control_opts).context("control-plane benchmark")?),
         (false, Some("files")) => {
             Some(control::run_files(&control_opts).context("file-fed agents benchmark")?)
+        }
+        (false, Some("node")) => {
+            Some(control::run_node(&control_opts).context("node role benchmark")?)
         }
         (false, Some("controller")) => {
             Some(control::run_controller(&control_opts).context("controller benchmark")?)
