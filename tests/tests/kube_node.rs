@@ -332,6 +332,27 @@ fn node_role_follows_imported_slices_from_the_api() {
         metrics.contains("mcs_map_sync_duration_seconds_count"),
         "{metrics}"
     );
+    // Each series names its service, read from the name map by the frontend's id; that map
+    // has one entry per frontend entry (the port and the VIP's wildcard).
+    let series = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("mcs_frontend_translations_total{")
+                && l.contains(&format!("ip=\"{vip}\""))
+        })
+        .expect("a series of the VIP");
+    assert!(
+        series.contains(&format!("namespace=\"{NS}\",name=\"web\"")),
+        "{series}"
+    );
+    let entries = |map: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("mcs_map_entries{{map=\"{map}\"}}")))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+    };
+    assert_eq!(entries("MCS_FE_NAMES"), Some(2), "{metrics}");
+    assert_eq!(entries("MCS_FE4"), Some(2), "{metrics}");
 
     // A new endpoint in east: the slice changes, the maps follow.
     put_slice(&east, "east", &[east_ip.clone(), east_ip2.clone()]);

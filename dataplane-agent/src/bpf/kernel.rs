@@ -196,6 +196,34 @@ fn collect<K: aya::Pod + Ord, V: aya::Pod>(
     Ok(out)
 }
 
+/// The number of keys of `map`, without copying its values.
+fn count_keys<K: aya::Pod, V: aya::Pod>(
+    map: &HashMap<MapData, K, V>,
+    name: &'static str,
+) -> Result<usize, KernelMapError> {
+    let mut count = 0;
+    for key in map.keys() {
+        match key {
+            Ok(_) => count += 1,
+            Err(MapError::KeyNotFound) => continue,
+            Err(source) => return Err(KernelMapError::Read { name, source }),
+        }
+    }
+    Ok(count)
+}
+
+/// What [`KernelMaps::read_for_metrics`] reads.
+#[derive(Debug)]
+pub struct MetricsRead {
+    /// The frontends, their counters and the cluster names (no slots, names or affinity
+    /// matches).
+    pub contents: MapContents,
+    /// Entries of the frontend-name map.
+    pub names: usize,
+    /// Entries of the affinity-match map.
+    pub affinity_matches: usize,
+}
+
 impl KernelMaps {
     /// Opens the maps pinned in `maps_dir` (`<pin dir>/maps`).
     pub fn open_pinned(maps_dir: &Path) -> Result<Self, KernelMapError> {
@@ -310,26 +338,36 @@ impl KernelMaps {
         Ok(contents)
     }
 
-    /// What the metrics encode: the frontends with their names and counters, and how many
-    /// affinity matches there are. No slot and no affinity match is copied: at 10,000 services
-    /// the slots alone are a million entries, and the metrics are read every few seconds.
-    pub fn read_for_metrics(&self) -> Result<(MapContents, usize), KernelMapError> {
-        let mut contents = self.read_frontends()?;
+    /// What the metrics encode: the frontends and their counters, and how many entries the
+    /// name and affinity-match maps hold. No slot, affinity match or name is copied: at
+    /// 10,000 services the slots alone are a million entries, the names 30,000 of ~380 bytes
+    /// (read one at a time instead, [`Self::frontend_name`]), and the metrics are read every
+    /// few seconds.
+    pub fn read_for_metrics(&self) -> Result<MetricsRead, KernelMapError> {
+        let mut contents = MapContents {
+            frontends4: collect(&self.fe4, map_names::FRONTENDS4)?,
+            frontends6: collect(&self.fe6, map_names::FRONTENDS6)?,
+            clusters: collect(&self.clusters, map_names::CLUSTER_NAMES)?,
+            ..MapContents::default()
+        };
         self.read_counters(&mut contents)?;
-        let mut affinity_matches = 0;
-        for key in self.affinity_match.keys() {
-            match key {
-                Ok(_) => affinity_matches += 1,
-                Err(MapError::KeyNotFound) => continue,
-                Err(source) => {
-                    return Err(KernelMapError::Read {
-                        name: map_names::AFFINITY_MATCH,
-                        source,
-                    });
-                }
-            }
+        Ok(MetricsRead {
+            contents,
+            names: count_keys(&self.names, map_names::FRONTEND_NAMES)?,
+            affinity_matches: count_keys(&self.affinity_match, map_names::AFFINITY_MATCH)?,
+        })
+    }
+
+    /// The name entry of frontend `id`, if it has one.
+    pub fn frontend_name(&self, id: u32) -> Result<Option<FrontendName>, KernelMapError> {
+        match self.names.get(&id, 0) {
+            Ok(name) => Ok(Some(name)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(source) => Err(KernelMapError::Read {
+                name: map_names::FRONTEND_NAMES,
+                source,
+            }),
         }
-        Ok((contents, affinity_matches))
     }
 
     /// Adds each frontend's counters, summed over CPUs, where any is non-zero.

@@ -56,7 +56,7 @@ use dataplane_core::{
     model::{Interner, NamespacedName, name::Name},
     policy::{AddressUse, Refusal},
 };
-use dataplane_ebpf::Counters;
+use dataplane_ebpf::{Counters, FrontendName};
 
 /// How often the map snapshot is taken when nothing changes (the frontend counters move with
 /// traffic, not with syncs).
@@ -390,15 +390,19 @@ impl FrontendMetric {
     }
 }
 
-/// The frontends of `contents` with their names and counters, sorted by address.
-fn frontend_metrics(contents: &MapContents) -> Vec<FrontendMetric> {
+/// The frontends of `contents` with their names (`name_of` a frontend id) and counters, sorted
+/// by address.
+fn frontend_metrics(
+    contents: &MapContents,
+    name_of: impl Fn(u32) -> Option<FrontendName>,
+) -> Vec<FrontendMetric> {
     let names = Interner::new();
     let name = |bytes: &[u8]| names.intern(&name_from_bytes(bytes));
     let mut out: Vec<FrontendMetric> = contents
         .frontends()
         .filter_map(|(key, fe)| {
             let addr = FeAddr::from_key(&key)?;
-            let (service, port_name) = match contents.names.get(&fe.id) {
+            let (service, port_name) = match name_of(fe.id) {
                 Some(n) => (
                     NamespacedName::new(name(&n.namespace), name(&n.name)),
                     name(&n.port_name),
@@ -435,15 +439,18 @@ struct PinnedMaps {
 impl MapSource for PinnedMaps {
     fn read(&self) -> Option<MapReading> {
         let maps = KernelMaps::open_pinned(&self.pin_dir.join("maps")).ok()?;
-        let (contents, affinity_matches) = maps.read_for_metrics().ok()?;
+        let read = maps.read_for_metrics().ok()?;
         let capacities = maps.capacities();
-        let frontends = frontend_metrics(&contents);
+        // A name that cannot be read leaves its frontend's labels empty, not the snapshot.
+        let frontends =
+            frontend_metrics(&read.contents, |id| maps.frontend_name(id).ok().flatten());
         let maps = MapKind::ALL
             .iter()
             .map(|&kind| {
                 let used = match kind {
-                    MapKind::AffinityMatch => affinity_matches,
-                    _ => contents.len(kind),
+                    MapKind::AffinityMatch => read.affinity_matches,
+                    MapKind::FrontendNames => read.names,
+                    _ => read.contents.len(kind),
                 };
                 (kind.map_name(), used as i64, i64::from(capacities.of(kind)))
             })
