@@ -6,16 +6,20 @@
 //! (the member's watch, the incremental merge of that service, the server-side apply).
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
+    net::IpAddr,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, bail, ensure};
 use dataplane_core::{
     fixtures::synthetic::{self, Shape},
-    merge::MergeOutput,
-    model::{EndpointSlice, ServiceImport},
+    merge::{ClusterSetConfig, MemberChange, MergeOutput, MergeState},
+    model::{EndpointSlice, Interner, ServiceImport, member::LocalSlice},
+    reconcile::{Action, DesiredService, ObservedIndex, reconcile_service},
 };
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::Resource as _;
 use serde::Serialize;
 use serde_json::Value;
@@ -38,9 +42,76 @@ pub struct ControllerRun {
     /// From a member's EndpointSlice write to the imported slice's write in member 0.
     pub latency: Summary,
     pub timeouts: usize,
+    /// The same change through the controller's core alone, in process ([`controller_core`]).
+    pub core: Summary,
 }
 
 const SLICE_API: &str = "discovery.k8s.io/v1";
+
+/// What the controller's core does for one member's EndpointSlice change, in process: the
+/// slice converted, filed in the merge state, its service merged again and compared with
+/// what member 0 holds, until the action that writes the imported slice is built. No API
+/// server, watch, JSON or write: [`controller_run`] measures those on top. Member 0's objects
+/// are left unobserved, so each change builds every object of its service (the import, its
+/// status, every imported slice), where the running controller builds only what differs: an
+/// upper bound of the comparison.
+pub fn controller_core(shape: Shape, changes: usize) -> anyhow::Result<Summary> {
+    let names = Interner::new();
+    let local = importing();
+    let mut state = MergeState::new(ClusterSetConfig::default(), local.clone());
+    state.load(&synthetic::member_snapshots(shape), &[]);
+    let observed = ObservedIndex::default();
+    let now = Time(Timestamp::now());
+    let mut member_slices: Vec<Vec<EndpointSlice>> = (0..shape.clusters)
+        .map(|c| synthetic::member_objects(shape, c).endpoint_slices)
+        .collect();
+    let mut rng = fastrand::Rng::with_seed(11);
+    let mut latencies = Vec::with_capacity(changes);
+    let mut dirty = BTreeSet::new();
+    for i in 0..changes {
+        // As the end-to-end run: a remote member's slice when there is one.
+        let c = if shape.clusters > 1 {
+            1 + rng.usize(..shape.clusters - 1)
+        } else {
+            0
+        };
+        let slice = &mut member_slices[c][rng.usize(..shape.services)];
+        let fresh = fresh_ip(i);
+        slice
+            .endpoints
+            .first_mut()
+            .context("empty slice")?
+            .addresses = vec![fresh.to_string()];
+        let t0 = Instant::now();
+        let record = Arc::new(LocalSlice::from_k8s(slice, &names));
+        state.apply(
+            MemberChange::Slice(synthetic::cluster_id(c), record),
+            &mut dirty,
+        );
+        let merged = state.update(&std::mem::take(&mut dirty));
+        let built = merged.iter().any(|service| {
+            let desired = DesiredService::of(state.service(service), &local);
+            reconcile_service(service, desired, observed.service(service), &now)
+                .iter()
+                .any(|a| matches!(a, Action::ApplySlice(s) if slice_lists(s, fresh)))
+        });
+        latencies.push(t0.elapsed());
+        ensure!(
+            built,
+            "change {i}: no imported slice with {fresh} was built"
+        );
+    }
+    Ok(summarize(&mut latencies))
+}
+
+/// Whether an EndpointSlice lists `addr` among its endpoints' addresses.
+fn slice_lists(slice: &EndpointSlice, addr: IpAddr) -> bool {
+    let addr = addr.to_string();
+    slice
+        .endpoints
+        .iter()
+        .any(|e| e.addresses.contains(&addr))
+}
 
 /// Whether an EndpointSlice (as served) lists `addr` among its endpoints' addresses.
 fn lists_address(slice: &Value, addr: &str) -> bool {
@@ -191,6 +262,8 @@ pub fn controller_run(
             bail!("the agent exited; log:\n{}", agent.log_text());
         }
     }
+    // Then the core alone, once the agent and the servers are gone (its state is the bench's).
+    drop((agent, servers, rt));
     Ok(ControllerRun {
         shape,
         rss_mib,
@@ -198,5 +271,6 @@ pub fn controller_run(
         startup_secs,
         latency: summarize(&mut latencies),
         timeouts,
+        core: controller_core(shape, changes)?,
     })
 }

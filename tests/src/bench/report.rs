@@ -237,8 +237,15 @@ pub fn goals(report: &BenchReport) -> Vec<Goal> {
                 measured: format!("{:.0} MiB (peak {:.0} MiB)", c.rss_mib, c.peak_mib),
                 met: c.rss_mib <= 256.0,
             });
+            // The issue sets it for the controller in process; the end-to-end figure adds the
+            // API servers (the bench's own fake ones, on the same cores), watches and writes.
             goals.push(Goal {
-                goal: "member EndpointSlice change to imported slice written: p99 <= 1 ms".into(),
+                goal: "member EndpointSlice change to imported slice built (controller core, in process): p99 <= 1 ms".into(),
+                measured: changes_measured(&c.core, 0),
+                met: c.core.p99_ms <= 1.0 && all_arrived(&c.core, 0),
+            });
+            goals.push(Goal {
+                goal: "member EndpointSlice change to imported slice written (end to end, over the API servers): p99 <= 1 ms".into(),
                 measured: changes_measured(&c.latency, c.timeouts),
                 met: c.latency.p99_ms <= 1.0 && all_arrived(&c.latency, c.timeouts),
             });
@@ -557,6 +564,12 @@ fn control_tables(out: &mut String, cp: &ControlReport) {
             "| member EndpointSlice change to imported slice written (controller role), {} | {} |",
             c.shape,
             changes_row(&c.latency, c.timeouts)
+        );
+        let _ = writeln!(
+            out,
+            "| member EndpointSlice change to imported slice built (controller core in process: convert, merge, compare), {} | {} |",
+            c.shape,
+            changes_row(&c.core, 0)
         );
     }
     out.push('\n');
