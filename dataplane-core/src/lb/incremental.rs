@@ -166,12 +166,30 @@ impl PartBuilder {
 #[derive(Clone, Debug, Default)]
 struct ServiceState {
     /// The VIPs it owns in the table.
-    vips: Vec<IpAddr>,
+    vips: Box<[IpAddr]>,
     /// Every IP its imports list (sorted, unique), owned or not: the services that share one
     /// are rebuilt together.
-    listed: Vec<IpAddr>,
+    listed: Box<[IpAddr]>,
+    /// Few services have any: one pointer for the others (a state per service at 10,000
+    /// services).
+    problems: Option<Box<Problems>>,
+}
+
+/// A service's warnings and refused addresses, as its last part had them.
+#[derive(Clone, Debug, Default)]
+struct Problems {
     warnings: Vec<LbWarning>,
     refused: Vec<(AddressUse, Refusal)>,
+}
+
+impl ServiceState {
+    fn warnings(&self) -> &[LbWarning] {
+        self.problems.as_ref().map_or(&[], |p| &p.warnings)
+    }
+
+    fn refused(&self) -> &[(AddressUse, Refusal)] {
+        self.problems.as_ref().map_or(&[], |p| &p.refused)
+    }
 }
 
 /// The VIPs `service` owns in the table, as `services` remembers them.
@@ -183,7 +201,7 @@ fn vips_of<'m>(
 }
 
 /// Every IP the imports list, sorted, unique.
-fn listed_ips(imports: &[Arc<Converted<ImportRecord>>]) -> Vec<IpAddr> {
+fn listed_ips(imports: &[Arc<Converted<ImportRecord>>]) -> Box<[IpAddr]> {
     let mut ips: Vec<IpAddr> = imports
         .iter()
         .filter_map(|c| c.record())
@@ -191,7 +209,7 @@ fn listed_ips(imports: &[Arc<Converted<ImportRecord>>]) -> Vec<IpAddr> {
         .collect();
     ips.sort_unstable();
     ips.dedup();
-    ips
+    ips.into_boxed_slice()
 }
 
 /// An lb table maintained by service: [`LbState::update`] rebuilds the services that changed
@@ -242,7 +260,7 @@ impl LbState {
     pub fn warnings_of(&self, service: &NamespacedName) -> &[LbWarning] {
         self.services
             .get(service)
-            .map(|s| s.warnings.as_slice())
+            .map(ServiceState::warnings)
             .unwrap_or(&[])
     }
 
@@ -425,10 +443,9 @@ where
             state.table.vips.insert(*ip, service.clone());
         }
         let kept = state.services.entry(service.clone()).or_default();
-        self.warnings_changed |= kept.warnings != part.warnings;
-        kept.vips.clone_from(&part.vips);
-        kept.warnings.clone_from(&part.warnings);
-        for key in &kept.refused {
+        self.warnings_changed |= kept.warnings() != part.warnings.as_slice();
+        kept.vips = part.vips.as_slice().into();
+        for key in kept.refused() {
             if let Some(n) = state.refused.get_mut(key) {
                 *n -= 1;
                 if *n == 0 {
@@ -439,12 +456,13 @@ where
         for key in &part.refused {
             *state.refused.entry(*key).or_default() += 1;
         }
-        kept.refused.clone_from(&part.refused);
-        if kept.vips.is_empty()
-            && kept.listed.is_empty()
-            && kept.warnings.is_empty()
-            && kept.refused.is_empty()
-        {
+        kept.problems = (!part.warnings.is_empty() || !part.refused.is_empty()).then(|| {
+            Box::new(Problems {
+                warnings: part.warnings.clone(),
+                refused: part.refused.clone(),
+            })
+        });
+        if kept.vips.is_empty() && kept.listed.is_empty() && kept.problems.is_none() {
             state.services.remove(service);
         }
     }
@@ -463,7 +481,7 @@ where
                     .state
                     .services
                     .values()
-                    .flat_map(|s| s.warnings.iter().cloned())
+                    .flat_map(|s| s.warnings().iter().cloned())
                     .collect();
                 all.sort();
                 all.dedup();

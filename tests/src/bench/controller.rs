@@ -107,10 +107,7 @@ pub fn controller_core(shape: Shape, changes: usize) -> anyhow::Result<Summary> 
 /// Whether an EndpointSlice lists `addr` among its endpoints' addresses.
 fn slice_lists(slice: &EndpointSlice, addr: IpAddr) -> bool {
     let addr = addr.to_string();
-    slice
-        .endpoints
-        .iter()
-        .any(|e| e.addresses.contains(&addr))
+    slice.endpoints.iter().any(|e| e.addresses.contains(&addr))
 }
 
 /// Whether an EndpointSlice (as served) lists `addr` among its endpoints' addresses.
