@@ -1,7 +1,11 @@
 //! The kernel maps behind [`MapWriter`]: typed aya handles on the pinned maps, with batched
 //! writes ([`super::sys`]) for runs of updates of one map.
 
-use std::{collections::BTreeMap, os::fd::AsFd as _, path::Path};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    os::fd::AsFd as _,
+    path::Path,
+};
 
 use aya::maps::{Array, HashMap, IterableMap as _, Map, MapData, MapError};
 use dataplane_ebpf::{
@@ -196,28 +200,14 @@ fn collect<K: aya::Pod + Ord, V: aya::Pod>(
     Ok(out)
 }
 
-/// The number of keys of `map`, without copying its values.
-fn count_keys<K: aya::Pod, V: aya::Pod>(
-    map: &HashMap<MapData, K, V>,
-    name: &'static str,
-) -> Result<usize, KernelMapError> {
-    let mut count = 0;
-    for key in map.keys() {
-        match key {
-            Ok(_) => count += 1,
-            Err(MapError::KeyNotFound) => continue,
-            Err(source) => return Err(KernelMapError::Read { name, source }),
-        }
-    }
-    Ok(count)
-}
-
 /// What [`KernelMaps::read_for_metrics`] reads.
 #[derive(Debug)]
-pub struct MetricsRead {
+pub struct MetricsRead<L> {
     /// The frontends, their counters and the cluster names (no slots, names or affinity
     /// matches).
     pub contents: MapContents,
+    /// Each named frontend's label, by frontend id.
+    pub labels: BTreeMap<u32, L>,
     /// Entries of the frontend-name map.
     pub names: usize,
     /// Entries of the affinity-match map.
@@ -338,23 +328,54 @@ impl KernelMaps {
         Ok(contents)
     }
 
-    /// What the metrics encode: the frontends and their counters, and how many entries the
-    /// name and affinity-match maps hold. No slot, affinity match or name is copied: at
-    /// 10,000 services the slots alone are a million entries, the names 30,000 of ~380 bytes
-    /// (read one at a time instead, [`Self::frontend_name`]), and the metrics are read every
-    /// few seconds.
-    pub fn read_for_metrics(&self) -> Result<MetricsRead, KernelMapError> {
+    /// What the metrics encode: the frontends, each one's name as `label` makes it of its
+    /// `MCS_FE_NAMES` entry, their counters, and how many entries the name and affinity-match
+    /// maps hold. No slot, affinity match or whole name is kept: at 10,000 services the slots
+    /// alone are a million entries, the names 30,000 of ~380 bytes, and the metrics are read
+    /// every few seconds. Each name is read by its frontend's id right after the frontends
+    /// (an id freed and reused in between would label the old entry with the new name until
+    /// the next reading).
+    pub fn read_for_metrics<L>(
+        &self,
+        mut label: impl FnMut(&FrontendName) -> L,
+    ) -> Result<MetricsRead<L>, KernelMapError> {
         let mut contents = MapContents {
             frontends4: collect(&self.fe4, map_names::FRONTENDS4)?,
             frontends6: collect(&self.fe6, map_names::FRONTENDS6)?,
             clusters: collect(&self.clusters, map_names::CLUSTER_NAMES)?,
             ..MapContents::default()
         };
+        let mut labels = BTreeMap::new();
+        for (_, fe) in contents.frontends() {
+            if let Some(name) = self.frontend_name(fe.id)? {
+                labels.insert(fe.id, label(&name));
+            }
+        }
         self.read_counters(&mut contents)?;
+        // The names' keys, not the values; a set, because a walk of a hash map that meets a
+        // deletion starts over from its first key.
+        let mut name_ids = BTreeSet::new();
+        for key in self.names.keys() {
+            name_ids.insert(key.map_err(|source| KernelMapError::Read {
+                name: map_names::FRONTEND_NAMES,
+                source,
+            })?);
+        }
+        // Up to 2 million keys: counted, and capped, rather than collected.
+        let mut affinity_matches = 0;
+        for key in self.affinity_match.keys() {
+            key.map_err(|source| KernelMapError::Read {
+                name: map_names::AFFINITY_MATCH,
+                source,
+            })?;
+            affinity_matches += 1;
+        }
         Ok(MetricsRead {
             contents,
-            names: count_keys(&self.names, map_names::FRONTEND_NAMES)?,
-            affinity_matches: count_keys(&self.affinity_match, map_names::AFFINITY_MATCH)?,
+            labels,
+            names: name_ids.len(),
+            affinity_matches: affinity_matches
+                .min(self.capacities().of(MapKind::AffinityMatch) as usize),
         })
     }
 

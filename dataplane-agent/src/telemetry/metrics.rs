@@ -26,6 +26,7 @@
 //! restart. The other metrics are the live values.
 
 use std::{
+    collections::BTreeMap,
     path::PathBuf,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
@@ -390,25 +391,23 @@ impl FrontendMetric {
     }
 }
 
-/// The frontends of `contents` with their names (`name_of` a frontend id) and counters, sorted
-/// by address.
+/// A frontend's service and port name, as a reading labels it.
+type FrontendLabel = (NamespacedName, Name);
+
+/// The frontends of `contents` with their `labels` (by frontend id) and counters, sorted by
+/// address.
 fn frontend_metrics(
     contents: &MapContents,
-    name_of: impl Fn(u32) -> Option<FrontendName>,
+    labels: &BTreeMap<u32, FrontendLabel>,
 ) -> Vec<FrontendMetric> {
-    let names = Interner::new();
-    let name = |bytes: &[u8]| names.intern(&name_from_bytes(bytes));
     let mut out: Vec<FrontendMetric> = contents
         .frontends()
         .filter_map(|(key, fe)| {
             let addr = FeAddr::from_key(&key)?;
-            let (service, port_name) = match name_of(fe.id) {
-                Some(n) => (
-                    NamespacedName::new(name(&n.namespace), name(&n.name)),
-                    name(&n.port_name),
-                ),
-                None => (NamespacedName::default(), Name::from("")),
-            };
+            let (service, port_name) = labels
+                .get(&fe.id)
+                .cloned()
+                .unwrap_or_else(|| (NamespacedName::default(), Name::from("")));
             Some(FrontendMetric {
                 service,
                 port_name,
@@ -439,11 +438,19 @@ struct PinnedMaps {
 impl MapSource for PinnedMaps {
     fn read(&self) -> Option<MapReading> {
         let maps = KernelMaps::open_pinned(&self.pin_dir.join("maps")).ok()?;
-        let read = maps.read_for_metrics().ok()?;
+        // The names are shared by a service's frontends.
+        let names = Interner::new();
+        let name = |bytes: &[u8]| names.intern(&name_from_bytes(bytes));
+        let read = maps
+            .read_for_metrics(|n: &FrontendName| {
+                (
+                    NamespacedName::new(name(&n.namespace), name(&n.name)),
+                    name(&n.port_name),
+                )
+            })
+            .ok()?;
         let capacities = maps.capacities();
-        // A name that cannot be read leaves its frontend's labels empty, not the snapshot.
-        let frontends =
-            frontend_metrics(&read.contents, |id| maps.frontend_name(id).ok().flatten());
+        let frontends = frontend_metrics(&read.contents, &read.labels);
         let maps = MapKind::ALL
             .iter()
             .map(|&kind| {
