@@ -55,14 +55,3 @@ impl MapWriter for NullMaps {
 pub fn live() -> usize {
     LIVE.load(Ordering::Relaxed)
 }
-
-/// The heap bytes `value` holds, measured as those of a copy (a copy of a hash map has the
-/// same capacity).
-#[allow(dead_code)] // not every test binary uses it
-pub fn heap_of<T: Clone>(value: &T) -> usize {
-    let before = live();
-    let copy = value.clone();
-    let bytes = live() - before;
-    drop(copy);
-    bytes
-}
