@@ -663,6 +663,43 @@ impl ImportedSlice {
     }
 }
 
+/// Labels or annotations of a record: one pointer when there are none, as on nearly every
+/// import a node files (a map per import at 10,000 services).
+#[derive(Clone, Debug, Default)]
+// The box is the point: 8 bytes when empty, where a map is 24.
+#[allow(clippy::box_collection)]
+pub struct StringMap(Option<Box<BTreeMap<String, String>>>);
+
+static NO_STRINGS: BTreeMap<String, String> = BTreeMap::new();
+
+impl StringMap {
+    /// Sets `key` to `value`; the value it had.
+    pub fn insert(&mut self, key: String, value: String) -> Option<String> {
+        self.0.get_or_insert_default().insert(key, value)
+    }
+}
+
+impl std::ops::Deref for StringMap {
+    type Target = BTreeMap<String, String>;
+
+    fn deref(&self) -> &Self::Target {
+        self.0.as_deref().unwrap_or(&NO_STRINGS)
+    }
+}
+
+impl From<BTreeMap<String, String>> for StringMap {
+    fn from(map: BTreeMap<String, String>) -> Self {
+        StringMap((!map.is_empty()).then(|| Box::new(map)))
+    }
+}
+
+impl PartialEq for StringMap {
+    /// By content: no map and an empty one are equal.
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
 /// A ServiceImport as the node routes it and the controller writes it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ImportRecord {
@@ -686,11 +723,11 @@ pub struct ImportRecord {
     /// `spec.trafficDistribution`.
     pub traffic_distribution: Option<Name>,
     /// The exported labels the import carries.
-    pub labels: BTreeMap<String, String>,
+    pub labels: StringMap,
     /// The exported annotations the import carries.
-    pub annotations: BTreeMap<String, String>,
-    /// `status`, when the import has one.
-    pub status: Option<ServiceImportStatus>,
+    pub annotations: StringMap,
+    /// `status`, when the import has one (boxed: the node's imports have none).
+    pub status: Option<Box<ServiceImportStatus>>,
 }
 
 impl ImportRecord {
@@ -719,16 +756,20 @@ impl ImportRecord {
             internal_traffic_policy: text(&si.spec.internal_traffic_policy),
             traffic_distribution: text(&si.spec.traffic_distribution),
             labels: if keep_meta {
-                si.metadata.labels.clone().unwrap_or_default()
+                si.metadata.labels.clone().unwrap_or_default().into()
             } else {
-                BTreeMap::new()
+                StringMap::default()
             },
             annotations: if keep_meta {
-                si.metadata.annotations.clone().unwrap_or_default()
+                si.metadata.annotations.clone().unwrap_or_default().into()
             } else {
-                BTreeMap::new()
+                StringMap::default()
             },
-            status: if keep_meta { si.status.clone() } else { None },
+            status: if keep_meta {
+                si.status.clone().map(Box::new)
+            } else {
+                None
+            },
         };
         Converted::new(record, warnings)
     }
@@ -755,7 +796,7 @@ impl ImportRecord {
                 internal_traffic_policy: text(&self.internal_traffic_policy),
                 traffic_distribution: text(&self.traffic_distribution),
             },
-            status: self.status.clone(),
+            status: self.status.as_deref().cloned(),
         }
     }
 }

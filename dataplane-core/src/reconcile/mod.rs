@@ -319,7 +319,7 @@ pub fn reconcile_service(
         let status_agrees = current.is_some()
             && observed_status.clusters == status.clusters
             && sorted(&observed_status.conditions) == sorted(&status.conditions);
-        want.status = Some(status);
+        want.status = Some(Box::new(status));
         // Converted only to be written: nearly every pass finds the import as it should be.
         if !(main_agrees && status_agrees) {
             let object = want.to_k8s();

@@ -281,12 +281,12 @@ impl Draft<'_> {
             session_affinity_config: w.session_affinity_config.clone(),
             internal_traffic_policy: Some(Name::from(w.internal_traffic_policy.as_str())),
             traffic_distribution: w.traffic_distribution.as_deref().map(Name::from),
-            labels: w.labels.clone(),
-            annotations: w.annotations.clone(),
-            status: Some(ServiceImportStatus {
+            labels: w.labels.clone().into(),
+            annotations: w.annotations.clone().into(),
+            status: Some(Box::new(ServiceImportStatus {
                 clusters,
                 conditions: vec![ready.to_k8s(conditions::epoch())],
-            }),
+            })),
         }
     }
 }
