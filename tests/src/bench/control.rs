@@ -99,6 +99,11 @@ pub struct Rss {
     pub startup_secs: f64,
 }
 
+/// The [`FilesRss::mode`] of `node --from-dir`.
+const NODE_FROM_DIR: &str = "node --from-dir";
+/// The [`FilesRss::mode`] of standalone `run --clusterset-dir`.
+pub const STANDALONE: &str = "run --clusterset-dir";
+
 /// An agent fed from files: `node --from-dir` over the merge's imports and imported slices,
 /// or standalone `run --clusterset-dir` over the members' manifests.
 #[derive(Clone, Debug, Serialize)]
@@ -461,7 +466,7 @@ fn files_rss(shape: Shape, plan: &MergeOutput) -> anyhow::Result<Vec<FilesRss>> 
         std::fs::write(dir.join("imports.yaml"), imports + &slices)?;
         let rss = file_agent(shape, plan, &topo, &["node", "--from-dir", path_str(&dir)?])?;
         out.push(FilesRss {
-            mode: "node --from-dir",
+            mode: NODE_FROM_DIR,
             rss,
         });
     }
@@ -490,7 +495,7 @@ fn files_rss(shape: Shape, plan: &MergeOutput) -> anyhow::Result<Vec<FilesRss>> 
         ],
     )?;
     out.push(FilesRss {
-        mode: "run --clusterset-dir",
+        mode: STANDALONE,
         rss,
     });
     Ok(out)

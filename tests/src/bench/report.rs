@@ -7,7 +7,7 @@ use dataplane_core::fixtures::synthetic::Shape;
 use serde::Serialize;
 
 use super::{
-    control::ControlReport,
+    control::{ControlReport, STANDALONE},
     datapath::{DatapathReport, Mode, Proto, Throughput, hooks::HookCost},
     dns::DnsReport,
     stats::Summary,
@@ -195,20 +195,24 @@ pub fn goals(report: &BenchReport) -> Vec<Goal> {
                 met: e.latency.p99_ms <= 2.0 && all_arrived(&e.latency, e.timeouts),
             });
         }
-        // Issue 11's memory and readiness goals, at the control-plane shape: (agent, RSS,
-        // peak, seconds to be in sync) limits.
-        let on_api = cp.rss.iter().map(|r| ("node role on the API", r));
-        let files = cp.files.iter().map(|f| (f.mode, &f.rss));
-        for (agent, r) in on_api
-            .chain(files)
-            .filter(|(_, r)| r.shape == Shape::CONTROL_PLANE)
-        {
-            let (rss, peak, ready) = match agent {
-                "run --clusterset-dir" => (128.0, 256.0, None),
-                "node --from-dir" => (64.0, 128.0, Some(5.0)),
-                "node role on the API" => (64.0, 128.0, Some(3.0)),
-                _ => continue,
+        // Issue 11's memory and readiness goals, at the control-plane shape: each agent with
+        // its RSS, peak and seconds-to-sync limits.
+        let on_api = cp
+            .rss
+            .iter()
+            .map(|r| ("node role on the API", r, (64.0, 128.0, Some(3.0))));
+        let files = cp.files.iter().map(|f| {
+            let limits = if f.mode == STANDALONE {
+                (128.0, 256.0, None)
+            } else {
+                (64.0, 128.0, Some(5.0))
             };
+            (f.mode, &f.rss, limits)
+        });
+        for (agent, r, (rss, peak, ready)) in on_api
+            .chain(files)
+            .filter(|(_, r, _)| r.shape == Shape::CONTROL_PLANE)
+        {
             let ready_goal = ready
                 .map(|s| format!(", in sync <= {s:.0} s"))
                 .unwrap_or_default();
@@ -573,4 +577,88 @@ fn control_tables(out: &mut String, cp: &ControlReport) {
         );
     }
     out.push('\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::control::{FilesRss, Rss};
+
+    fn report(control: ControlReport) -> BenchReport {
+        BenchReport {
+            run: RunInfo {
+                command: "test".into(),
+                started: String::new(),
+                kernel: String::new(),
+                cpus: 2,
+                cpu_model: String::new(),
+                memory_gib: 1.0,
+                seconds: 1.0,
+            },
+            datapath: None,
+            control: Some(control),
+            dns: None,
+        }
+    }
+
+    fn rss(shape: Shape, rss_mib: f64, peak_mib: f64, startup_secs: f64) -> Rss {
+        Rss {
+            shape,
+            rss_mib,
+            peak_mib,
+            startup_secs,
+        }
+    }
+
+    /// Whether the goal row whose text starts with `agent` is met, if there is one.
+    fn met(goals: &[Goal], agent: &str) -> Option<bool> {
+        goals
+            .iter()
+            .find(|g| g.goal.starts_with(agent))
+            .map(|g| g.met)
+    }
+
+    #[test]
+    fn issue_11_memory_goals_hold_each_agent_to_its_own_limits() {
+        let at = Shape::CONTROL_PLANE;
+        let goals = goals(&report(ControlReport {
+            // 64.5 MiB: over the node's 64.
+            rss: vec![rss(at, 64.5, 80.0, 2.0)],
+            files: vec![
+                FilesRss {
+                    mode: "node --from-dir",
+                    // In sync after 5.5 s: over its 5.
+                    rss: rss(at, 56.0, 70.0, 5.5),
+                },
+                FilesRss {
+                    mode: STANDALONE,
+                    // 121 MiB is over the node's 64 but within standalone's 128.
+                    rss: rss(at, 121.0, 169.0, 9.0),
+                },
+            ],
+            ..ControlReport::default()
+        }));
+        assert_eq!(met(&goals, "node role on the API"), Some(false));
+        assert_eq!(met(&goals, "node --from-dir"), Some(false));
+        assert_eq!(met(&goals, STANDALONE), Some(true));
+
+        // Within every limit: met. At another shape (a --quick run): no row.
+        let goals = goals_of_node(rss(at, 63.9, 74.0, 2.9));
+        assert_eq!(met(&goals, "node role on the API"), Some(true));
+        let small = Shape {
+            services: 1_000,
+            ..at
+        };
+        assert_eq!(
+            met(&goals_of_node(rss(small, 99.0, 99.0, 1.0)), "node role"),
+            None
+        );
+    }
+
+    fn goals_of_node(r: Rss) -> Vec<Goal> {
+        goals(&report(ControlReport {
+            rss: vec![r],
+            ..ControlReport::default()
+        }))
+    }
 }
