@@ -213,17 +213,6 @@ pub struct MergedPort {
     pub clusters: Vec<ClusterId>,
 }
 
-/// Routing facts of one import: which clusters serve which port and family.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ServiceRouting {
-    /// The import these facts are about.
-    pub service: NamespacedName,
-    /// Aligned with the import's `spec.ports`.
-    pub ports: Vec<MergedPort>,
-    /// For each family of the import, the contributing clusters whose Service supports it.
-    pub families: BTreeMap<IpFamily, Vec<ClusterId>>,
-}
-
 /// The message of a [`Diagnostic`] (and of the lb table's warning) about an object defined
 /// more than once: the smallest definition is used, whatever the order of the input.
 pub const DUPLICATE: &str = "defined more than once; one definition is used";

@@ -25,11 +25,11 @@
 
 use std::{borrow::Cow, sync::Arc};
 
-use super::ServiceRouting;
+use super::MergedPort;
 use super::exports::Export;
 use super::ips::fnv1a;
 use crate::model::{
-    ClusterId, Interner, IpFamily,
+    ClusterId, Interner, IpFamily, NamespacedName,
     member::LocalSlice,
     name::Name,
     records::{Endpoint, EndpointExtra, Endpoints, ImportedSlice, PortProtocol, SlicePort},
@@ -74,31 +74,37 @@ fn hashed(base: &str, salt: &str) -> String {
 /// Hands out a slice's name: (namespace, candidate, the salt of a hashed name) to the name.
 pub(crate) type Claim<'a, E> = dyn FnMut(&Name, &str, &dyn Fn() -> String) -> Result<Name, E> + 'a;
 
-/// Builds the imported slices of one service (`routing.service`), appended to `out`, their
-/// names from `claim`, their port lists and port names shared through `port_lists`; the endpoints `policy`
-/// refuses are left out and appended to `refused`.
+/// Builds the imported slices of `service`, appended to `out`: for each contributing cluster
+/// (by id) and each of the import's `families` its Service supports (in family order), the
+/// endpoints of its local slices with the merged `ports` it declares. Their names come from
+/// `claim`, their port lists and port names are shared through `port_lists`; the endpoints
+/// `policy` refuses are left out and appended to `refused`.
+#[allow(clippy::too_many_arguments)] // the service's merge facts and the build's scratch state
 pub(crate) fn build<E>(
     contributing: &[&Export<'_>],
-    routing: &ServiceRouting,
+    service: &NamespacedName,
+    ports: &[MergedPort],
+    families: &[IpFamily],
     policy: &AddressPolicy,
     port_lists: &Interner,
     out: &mut Vec<ImportedSlice>,
     refused: &mut Vec<RefusedEndpoint>,
     claim: &mut Claim<'_, E>,
 ) -> Result<(), E> {
-    let service = &routing.service;
+    let mut families = families.to_vec();
+    families.sort_unstable();
+    families.dedup();
+    // A declared port's name is the local slice's own (already shared by its source); the
+    // unnamed port's is this one.
+    let unnamed = port_lists.intern("");
     let mut sorted: Vec<&&Export<'_>> = contributing.iter().collect();
     sorted.sort_by_key(|e| e.cluster);
     for e in sorted {
-        let declared: Vec<&super::MergedPort> = routing
-            .ports
+        let declared: Vec<&MergedPort> = ports
             .iter()
             .filter(|m| m.clusters.contains(e.cluster))
             .collect();
-        for (family, clusters) in &routing.families {
-            if !clusters.contains(e.cluster) {
-                continue;
-            }
+        for family in families.iter().filter(|f| e.families.contains(f)) {
             // The local slices grouped by the ports they give their endpoints: nearly always
             // one group, so a list, sorted by ports before use.
             let mut groups: Vec<(Vec<SlicePort>, Vec<Arc<Endpoints>>)> = Vec::new();
@@ -116,7 +122,7 @@ pub(crate) fn build<E>(
                             (lp.name.as_deref().unwrap_or("") == name
                                 && lp.protocol.as_deref().unwrap_or("TCP") == proto)
                                 .then(|| SlicePort {
-                                    name: port_lists.intern(name),
+                                    name: lp.name.clone().unwrap_or_else(|| unnamed.clone()),
                                     protocol: PortProtocol::parse(Some(proto))
                                         .unwrap_or(PortProtocol::Tcp),
                                     port: lp.port,

@@ -3,7 +3,6 @@
 
 use super::*;
 use crate::lb::inputs::record_input;
-use crate::merge::ServiceRouting;
 
 impl MergeState {
     /// Merges the services of `batch` in order. `strict` (an update): contention is an error
@@ -148,7 +147,9 @@ impl MergeState {
                 let batch = strict.then_some(batch);
                 slices::build(
                     &d.contributing,
-                    &d.routing(),
+                    service,
+                    &d.ports.merged,
+                    &d.families.import,
                     policy,
                     port_lists,
                     &mut slices,
@@ -237,27 +238,6 @@ struct Draft<'a> {
 impl Draft<'_> {
     fn needs_ips(&self) -> bool {
         self.props.winner.type_ == ServiceImportType::ClusterSetIP && self.families.supported
-    }
-
-    fn routing(&self) -> ServiceRouting {
-        ServiceRouting {
-            service: self.service.clone(),
-            ports: self.ports.merged.clone(),
-            families: self
-                .families
-                .import
-                .iter()
-                .map(|f| {
-                    let clusters = self
-                        .contributing
-                        .iter()
-                        .filter(|e| e.families.contains(f))
-                        .map(|e| e.cluster.clone())
-                        .collect();
-                    (*f, clusters)
-                })
-                .collect(),
-        }
     }
 
     fn import(&self, ips: Vec<IpAddr>, ready: conditions::MergeCondition) -> ImportRecord {
