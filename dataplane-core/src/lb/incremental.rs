@@ -444,7 +444,11 @@ where
         }
         let kept = state.services.entry(service.clone()).or_default();
         self.warnings_changed |= kept.warnings() != part.warnings.as_slice();
-        kept.vips = part.vips.as_slice().into();
+        // Replaced only when they differ: a rebuilt service nearly always keeps its VIPs and
+        // has no problems.
+        if *kept.vips != *part.vips {
+            kept.vips = part.vips.as_slice().into();
+        }
         for key in kept.refused() {
             if let Some(n) = state.refused.get_mut(key) {
                 *n -= 1;
@@ -456,12 +460,15 @@ where
         for key in &part.refused {
             *state.refused.entry(*key).or_default() += 1;
         }
-        kept.problems = (!part.warnings.is_empty() || !part.refused.is_empty()).then(|| {
-            Box::new(Problems {
-                warnings: part.warnings.clone(),
-                refused: part.refused.clone(),
-            })
-        });
+        if kept.warnings() != part.warnings.as_slice() || kept.refused() != part.refused.as_slice()
+        {
+            kept.problems = (!part.warnings.is_empty() || !part.refused.is_empty()).then(|| {
+                Box::new(Problems {
+                    warnings: part.warnings.clone(),
+                    refused: part.refused.clone(),
+                })
+            });
+        }
         if kept.vips.is_empty() && kept.listed.is_empty() && kept.problems.is_none() {
             state.services.remove(service);
         }
