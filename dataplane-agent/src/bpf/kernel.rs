@@ -1,11 +1,7 @@
 //! The kernel maps behind [`MapWriter`]: typed aya handles on the pinned maps, with batched
 //! writes ([`super::sys`]) for runs of updates of one map.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    os::fd::AsFd as _,
-    path::Path,
-};
+use std::{collections::BTreeMap, os::fd::AsFd as _, path::Path};
 
 use aya::maps::{Array, HashMap, IterableMap as _, Map, MapData, MapError};
 use dataplane_ebpf::{
@@ -290,6 +286,7 @@ impl KernelMaps {
     /// are read per frontend). Entries that vanish while iterating are skipped.
     pub fn read_entries(&self) -> Result<MapContents, KernelMapError> {
         let mut contents = self.read_frontends()?;
+        contents.names = collect(&self.names, map_names::FRONTEND_NAMES)?;
         contents.affinity_match = collect(&self.affinity_match, map_names::AFFINITY_MATCH)?
             .into_keys()
             .collect();
@@ -301,7 +298,6 @@ impl KernelMaps {
         Ok(MapContents {
             frontends4: collect(&self.fe4, map_names::FRONTENDS4)?,
             frontends6: collect(&self.fe6, map_names::FRONTENDS6)?,
-            names: collect(&self.names, map_names::FRONTEND_NAMES)?,
             clusters: collect(&self.clusters, map_names::CLUSTER_NAMES)?,
             ..MapContents::default()
         })
@@ -328,39 +324,36 @@ impl KernelMaps {
         Ok(contents)
     }
 
-    /// What the metrics encode: the frontends, each one's name as `label` makes it of its
-    /// `MCS_FE_NAMES` entry, their counters, and how many entries the name and affinity-match
-    /// maps hold. No slot, affinity match or whole name is kept: at 10,000 services the slots
-    /// alone are a million entries, the names 30,000 of ~380 bytes, and the metrics are read
-    /// every few seconds. Each name is read by its frontend's id right after the frontends
-    /// (an id freed and reused in between would label the old entry with the new name until
-    /// the next reading).
+    /// What the metrics encode: the frontends, each name as `label` makes it of its
+    /// `MCS_FE_NAMES` entry (by frontend id), their counters, and how many entries the name and
+    /// affinity-match maps hold. No slot, affinity match or whole name is kept: at 10,000
+    /// services the slots alone are a million entries, the names 30,000 of ~380 bytes, and the
+    /// metrics are read every few seconds. The names are read right after the frontends (an
+    /// id freed and reused in between would label the old entry with the new name until the
+    /// next reading).
     pub fn read_for_metrics<L>(
         &self,
         mut label: impl FnMut(&FrontendName) -> L,
     ) -> Result<MetricsRead<L>, KernelMapError> {
-        let mut contents = MapContents {
-            frontends4: collect(&self.fe4, map_names::FRONTENDS4)?,
-            frontends6: collect(&self.fe6, map_names::FRONTENDS6)?,
-            clusters: collect(&self.clusters, map_names::CLUSTER_NAMES)?,
-            ..MapContents::default()
-        };
+        let mut contents = self.read_frontends()?;
+        // By id: a walk that meets a deletion starts over, and the map keeps each id once.
         let mut labels = BTreeMap::new();
-        for (_, fe) in contents.frontends() {
-            if let Some(name) = self.frontend_name(fe.id)? {
-                labels.insert(fe.id, label(&name));
+        for entry in self.names.iter() {
+            match entry {
+                Ok((id, name)) => {
+                    labels.insert(id, label(&name));
+                }
+                // Deleted between its key and its value.
+                Err(MapError::KeyNotFound) => continue,
+                Err(source) => {
+                    return Err(KernelMapError::Read {
+                        name: map_names::FRONTEND_NAMES,
+                        source,
+                    });
+                }
             }
         }
         self.read_counters(&mut contents)?;
-        // The names' keys, not the values; a set, because a walk of a hash map that meets a
-        // deletion starts over from its first key.
-        let mut name_ids = BTreeSet::new();
-        for key in self.names.keys() {
-            name_ids.insert(key.map_err(|source| KernelMapError::Read {
-                name: map_names::FRONTEND_NAMES,
-                source,
-            })?);
-        }
         // Up to 2 million keys: counted, and capped, rather than collected.
         let mut affinity_matches = 0;
         for key in self.affinity_match.keys() {
@@ -372,23 +365,11 @@ impl KernelMaps {
         }
         Ok(MetricsRead {
             contents,
+            names: labels.len(),
             labels,
-            names: name_ids.len(),
             affinity_matches: affinity_matches
                 .min(self.capacities().of(MapKind::AffinityMatch) as usize),
         })
-    }
-
-    /// The name entry of frontend `id`, if it has one.
-    pub fn frontend_name(&self, id: u32) -> Result<Option<FrontendName>, KernelMapError> {
-        match self.names.get(&id, 0) {
-            Ok(name) => Ok(Some(name)),
-            Err(MapError::KeyNotFound) => Ok(None),
-            Err(source) => Err(KernelMapError::Read {
-                name: map_names::FRONTEND_NAMES,
-                source,
-            }),
-        }
     }
 
     /// Adds each frontend's counters, summed over CPUs, where any is non-zero.
