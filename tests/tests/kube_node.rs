@@ -183,19 +183,23 @@ fn wait_http_until(
     }
 }
 
+/// The line of the translation counter of `vip`:`port` in a `/metrics` text.
+fn translations_series<'m>(metrics: &'m str, vip: &str, port: u16) -> Option<&'m str> {
+    metrics.lines().find(|l| {
+        l.starts_with("mcs_frontend_translations_total{")
+            && l.contains(&format!("ip=\"{vip}\""))
+            && l.contains(&format!("port=\"{port}\""))
+    })
+}
+
+/// The value at the end of a `/metrics` line.
+fn value(series: &str) -> Option<u64> {
+    series.rsplit(' ').next()?.parse().ok()
+}
+
 /// The value of the translation counter of `vip`:`port` in a `/metrics` text.
 fn translations(metrics: &str, vip: &str, port: u16) -> Option<u64> {
-    metrics
-        .lines()
-        .find(|l| {
-            l.starts_with("mcs_frontend_translations_total{")
-                && l.contains(&format!("ip=\"{vip}\""))
-                && l.contains(&format!("port=\"{port}\""))
-        })?
-        .rsplit(' ')
-        .next()?
-        .parse()
-        .ok()
+    value(translations_series(metrics, vip, port)?)
 }
 
 /// `--metrics-address` and `--health-address` on two free ports of 127.0.0.1.
@@ -334,13 +338,7 @@ fn node_role_follows_imported_slices_from_the_api() {
     );
     // Each series names its service, read from the name map by the frontend's id; that map
     // has one entry per frontend entry (the port and the VIP's wildcard).
-    let series = metrics
-        .lines()
-        .find(|l| {
-            l.starts_with("mcs_frontend_translations_total{")
-                && l.contains(&format!("ip=\"{vip}\""))
-        })
-        .expect("a series of the VIP");
+    let series = translations_series(&metrics, &vip, 80).expect("a series of the VIP");
     assert!(
         series.contains(&format!("namespace=\"{NS}\",name=\"web\"")),
         "{series}"
@@ -349,7 +347,7 @@ fn node_role_follows_imported_slices_from_the_api() {
         metrics
             .lines()
             .find(|l| l.starts_with(&format!("mcs_map_entries{{map=\"{map}\"}}")))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .and_then(value)
     };
     assert_eq!(entries("MCS_FE_NAMES"), Some(2), "{metrics}");
     assert_eq!(entries("MCS_FE4"), Some(2), "{metrics}");

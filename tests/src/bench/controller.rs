@@ -69,21 +69,9 @@ pub fn controller_core(shape: Shape, changes: usize) -> anyhow::Result<Summary> 
     let mut latencies = Vec::with_capacity(changes);
     let mut dirty = BTreeSet::new();
     for i in 0..changes {
-        // As the end-to-end run: a remote member's slice when there is one.
-        let c = if shape.clusters > 1 {
-            1 + rng.usize(..shape.clusters - 1)
-        } else {
-            0
-        };
-        let slice = &mut member_slices[c][rng.usize(..shape.services)];
-        let fresh = fresh_ip(i);
-        slice
-            .endpoints
-            .first_mut()
-            .context("empty slice")?
-            .addresses = vec![fresh.to_string()];
+        let (c, s, fresh) = next_change(&mut rng, shape, &mut member_slices, i)?;
         let t0 = Instant::now();
-        let record = Arc::new(LocalSlice::from_k8s(slice, &names));
+        let record = Arc::new(LocalSlice::from_k8s(&member_slices[c][s], &names));
         state.apply(
             MemberChange::Slice(synthetic::cluster_id(c), record),
             &mut dirty,
@@ -102,6 +90,30 @@ pub fn controller_core(shape: Shape, changes: usize) -> anyhow::Result<Summary> 
         );
     }
     Ok(summarize(&mut latencies))
+}
+
+/// The `i`th change of a run, the same in both measures: one endpoint of a remote member's
+/// slice (member 0's own when it is alone) given a fresh address. Returns the member, the
+/// service's index and the address.
+fn next_change(
+    rng: &mut fastrand::Rng,
+    shape: Shape,
+    member_slices: &mut [Vec<EndpointSlice>],
+    i: usize,
+) -> anyhow::Result<(usize, usize, IpAddr)> {
+    let c = if shape.clusters > 1 {
+        1 + rng.usize(..shape.clusters - 1)
+    } else {
+        0
+    };
+    let s = rng.usize(..shape.services);
+    let fresh = fresh_ip(i);
+    member_slices[c][s]
+        .endpoints
+        .first_mut()
+        .context("empty slice")?
+        .addresses = vec![fresh.to_string()];
+    Ok((c, s, fresh))
 }
 
 /// Whether an EndpointSlice lists `addr` among its endpoints' addresses.
@@ -226,23 +238,15 @@ pub fn controller_run(
     let mut timeouts = 0;
     for i in 0..changes {
         // A remote member's slice when there is one: its own watch carries the change.
-        let c = if shape.clusters > 1 {
-            1 + rng.usize(..shape.clusters - 1)
-        } else {
-            0
-        };
-        let s = rng.usize(..shape.services);
+        let (c, s, fresh) = next_change(&mut rng, shape, &mut member_slices, i)?;
+        let fresh = fresh.to_string();
         let service = synthetic::service_name(s);
         let cluster = synthetic::cluster_id(c);
         let &(namespace, name) = imported
             .get(&(service.as_str(), cluster.as_str()))
             .with_context(|| format!("no imported slice of {service} from {cluster}"))?;
-        let slice = &mut member_slices[c][s];
-        let endpoint = slice.endpoints.first_mut().context("empty slice")?;
-        let fresh = fresh_ip(i).to_string();
-        endpoint.addresses = vec![fresh.clone()];
         let t0 = Instant::now();
-        servers[c].put(&*slice);
+        servers[c].put(&member_slices[c][s]);
         let written = rt.block_on(servers[0].wait_until(
             Duration::from_secs(5),
             "the imported slice has the new address",
