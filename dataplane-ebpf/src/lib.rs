@@ -129,6 +129,14 @@ pub const FLOOR_PROGRAMS: [(&str, &str); 4] = [
     ("recvmsg4", "noop_recvmsg4"),
 ];
 
+/// The benchmark's reference programs in the object, by the hook they stand in for: the
+/// frontend lookup of `connect4`/`sendmsg4` alone, on the pinned `MCS_FE4`. The agent never
+/// loads them.
+pub const LOOKUP_PROGRAMS: [(&str, &str); 2] = [
+    ("connect4", "lookup_connect4"),
+    ("sendmsg4", "lookup_sendmsg4"),
+];
+
 /// Default capacities, overridable at load time.
 pub mod defaults {
     /// Frontend entries per family map; frontend ids run `1..=MAX_FRONTENDS`, so the counters

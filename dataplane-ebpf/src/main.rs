@@ -23,7 +23,7 @@
 
 use core::{
     intrinsics::{AtomicOrdering, atomic_cxchg},
-    ptr::{addr_of_mut, read_volatile},
+    ptr::{addr_of_mut, read_volatile, write_volatile},
 };
 
 use aya_ebpf::{
@@ -719,6 +719,34 @@ pub fn noop_sendmsg4(_ctx: SockAddrContext) -> i32 {
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn noop_recvmsg4(_ctx: SockAddrContext) -> i32 {
+    ALLOW
+}
+
+// Reference programs for the benchmark, never attached by the agent: the frontend lookup of
+// `forward` alone (the (port, protocol) entry, else the VIP's wildcard), the least that any
+// translation of a VIP must do. Attached in a child cgroup of the agent's, they run just before
+// the agent's programs on the same calls, so their cost per call is that of finding the
+// frontend in the maps as the caches stand when a call arrives.
+
+#[cgroup_sock_addr(connect4)]
+pub fn lookup_connect4(ctx: SockAddrContext) -> i32 {
+    lookup_only4(&ctx)
+}
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn lookup_sendmsg4(ctx: SockAddrContext) -> i32 {
+    lookup_only4(&ctx)
+}
+
+#[inline(always)]
+fn lookup_only4(ctx: &SockAddrContext) -> i32 {
+    let sa = unsafe { &*ctx.sock_addr };
+    if let Some(proto) = l4_proto(sa) {
+        let found = lookup::<V4>(sa.user_ip4, sa.user_port as u16, proto).map_or(0, |fe| fe.id);
+        // A volatile store keeps the lookup: with its result unused the compiler may drop it.
+        let mut sink = 0u32;
+        unsafe { write_volatile(&mut sink, found) };
+    }
     ALLOW
 }
 

@@ -138,6 +138,12 @@ fn uninstall_tree(dir: &Path) {
 }
 
 fn remove_cgroup(path: &Path) {
+    // A cgroup with children cannot be removed: the children first.
+    for e in fs::read_dir(path).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            remove_cgroup(&e.path());
+        }
+    }
     if let Ok(procs) = fs::read_to_string(path.join("cgroup.procs")) {
         for pid in procs.lines().filter_map(|p| p.parse::<i32>().ok()) {
             // SAFETY: kill has no memory preconditions; the pid is one of our probe processes.
@@ -398,6 +404,14 @@ impl Topology {
         fs::write(&tmp, yaml)?;
         fs::rename(&tmp, d.join(file))?;
         Ok(d)
+    }
+
+    /// Creates a cgroup under the topology's (removed with it). Programs attached to it run
+    /// before those attached to the topology's cgroup, on the calls of its processes.
+    pub fn child_cgroup(&self, name: &str) -> anyhow::Result<PathBuf> {
+        let path = self.cgroup.join(name);
+        fs::create_dir(&path).with_context(|| format!("creating cgroup {}", path.display()))?;
+        Ok(path)
     }
 
     /// Runs `mcs-probe` in the client namespace and cgroup and returns its attempts.

@@ -64,7 +64,8 @@ fn every_mode_moves_connections_to_the_backends_behind_the_vips() {
         ["10.99.1.10:8053", "10.99.1.11:8053"],
         "UDP goes to the UDP servers"
     );
-    // Every program ran on its calls, next to its do-nothing twin, at both N.
+    // Every program ran on its calls, next to its do-nothing twin, at both N; the reference
+    // programs ran in a stretch of their own, before the agent's (the bench checks the order).
     for n in [1, 100] {
         let hooks: Vec<(&str, &str)> = report
             .hooks
@@ -76,10 +77,26 @@ fn every_mode_moves_connections_to_the_backends_behind_the_vips() {
             hooks,
             [
                 ("connect4", "TCP connects to VIPs"),
+                (
+                    "lookup_connect4",
+                    "the frontend lookup alone, on TCP connects to VIPs"
+                ),
+                (
+                    "connect4",
+                    "TCP VIP connects whose frontend lookup_connect4 has just read"
+                ),
                 ("connect6", "TCP connects to IPv6 VIPs"),
                 ("connect4", "TCP connects to addresses that are not VIPs"),
                 ("sendmsg4", "UDP datagrams sent to VIPs (unconnected)"),
                 ("recvmsg4", "UDP replies received from VIPs"),
+                (
+                    "lookup_sendmsg4",
+                    "the frontend lookup alone, on UDP datagrams sent to VIPs"
+                ),
+                (
+                    "sendmsg4",
+                    "UDP VIP datagrams whose frontend lookup_sendmsg4 has just read"
+                ),
             ],
             "N={n}"
         );

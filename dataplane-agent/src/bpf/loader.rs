@@ -50,7 +50,8 @@ static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/dataplane-ebpf"));
 
 /// The compiled eBPF object, as the agent loads it (empty when built with `AYA_BUILD_SKIP`).
-/// The benchmark loads its do-nothing programs (`dataplane_ebpf::FLOOR_PROGRAMS`) from it.
+/// The benchmark loads its do-nothing and reference programs (`dataplane_ebpf::FLOOR_PROGRAMS`,
+/// `LOOKUP_PROGRAMS`) from it.
 pub fn ebpf_object() -> &'static [u8] {
     EBPF_OBJECT
 }

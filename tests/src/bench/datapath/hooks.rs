@@ -63,48 +63,161 @@ fn stats(program_id: u32) -> Option<(u64, u64)> {
         .map(|p| (p.run_count(), p.run_time().as_nanos() as u64))
 }
 
-/// The do-nothing programs, attached to a cgroup until dropped.
-pub struct Floor {
+/// Programs of the object, attached to a cgroup until dropped.
+struct Attached {
     /// Program id per hook name.
     ids: BTreeMap<&'static str, u32>,
     _links: Vec<FdLink>,
     _ebpf: Ebpf,
 }
 
+/// The do-nothing programs, attached to a cgroup until dropped.
+pub struct Floor(Attached);
+
 impl Floor {
     /// Loads the do-nothing programs from the agent's eBPF object and attaches them to
     /// `cgroup`. The object's maps are created for this load only (no pins) and go with it.
     pub fn attach(cgroup: &Path) -> anyhow::Result<Self> {
-        let object = dataplane_agent::bpf::loader::ebpf_object();
-        if object.is_empty() {
-            bail!("the agent was built without its eBPF object (AYA_BUILD_SKIP)");
-        }
-        let mut ebpf = EbpfLoader::new()
-            .load(object)
-            .context("loading the eBPF object")?;
-        let cgroup_fd = fs::File::open(cgroup)
-            .with_context(|| format!("opening cgroup {}", cgroup.display()))?;
-        let mut ids = BTreeMap::new();
-        let mut links = Vec::new();
-        for (hook, name) in dataplane_ebpf::FLOOR_PROGRAMS {
-            let prog: &mut CgroupSockAddr = ebpf
-                .program_mut(name)
-                .with_context(|| format!("no program {name} in the object"))?
-                .try_into()?;
-            prog.load().with_context(|| format!("loading {name}"))?;
-            let link_id = prog
-                .attach(&cgroup_fd, CgroupAttachMode::Single)
-                .with_context(|| format!("attaching {name}"))?;
-            let link: FdLink = prog.take_link(link_id)?.try_into()?;
-            ids.insert(hook, prog.info()?.id());
-            links.push(link);
-        }
-        Ok(Floor {
-            ids,
-            _links: links,
-            _ebpf: ebpf,
-        })
+        attach_programs(cgroup, &dataplane_ebpf::FLOOR_PROGRAMS, None).map(Floor)
     }
+}
+
+/// The reference programs (`dataplane_ebpf::LOOKUP_PROGRAMS`: the frontend lookup alone), on the
+/// agent's pinned frontend maps, attached to a cgroup until dropped. In a child cgroup of the
+/// agent's they run before the agent's programs (a cgroup's own programs run before its
+/// parent's), so they meet the destination as the application gave it, a VIP.
+pub struct Reference(Attached);
+
+impl Reference {
+    /// Attaches the reference programs to `cgroup`, a child of the agent's, and checks that the
+    /// kernel runs each before the agent's program of its hook (linked under `pin_dir`): run
+    /// after it, a reference would look up the backend the agent wrote, not the VIP.
+    pub fn attach(cgroup: &Path, pin_dir: &Path) -> anyhow::Result<Self> {
+        let maps = pin_dir.join("maps");
+        let reference = attach_programs(cgroup, &dataplane_ebpf::LOOKUP_PROGRAMS, Some(&maps))
+            .map(Reference)?;
+        let links = dataplane_agent::bpf::inspect::links(pin_dir);
+        for (hook, id) in &reference.0.ids {
+            let ours = links
+                .iter()
+                .find(|l| l.program == *hook)
+                .map(|l| l.program_id)
+                .with_context(|| format!("no pinned link of {hook} under {}", pin_dir.display()))?;
+            let order = effective_programs(cgroup, hook)?;
+            let at = |p: u32| order.iter().position(|&q| q == p);
+            match (at(*id), at(ours)) {
+                (Some(r), Some(o)) if r < o => {}
+                _ => bail!(
+                    "the kernel runs {hook}'s programs on {} in the order {order:?}: the reference \
+                     ({id}) is not before the agent's ({ours})",
+                    cgroup.display()
+                ),
+            }
+        }
+        Ok(reference)
+    }
+}
+
+/// The ids of the programs that run on `hook` for processes of `cgroup`, in the order the kernel
+/// runs them (`BPF_PROG_QUERY` with `BPF_F_QUERY_EFFECTIVE`; aya has no call for it).
+fn effective_programs(cgroup: &Path, hook: &str) -> anyhow::Result<Vec<u32>> {
+    // From the kernel's uapi (linux/bpf.h).
+    const BPF_PROG_QUERY: libc::c_long = 16;
+    const BPF_F_QUERY_EFFECTIVE: u32 = 1;
+    let attach_type: u32 = match hook {
+        "connect4" => 10, // BPF_CGROUP_INET4_CONNECT
+        "sendmsg4" => 14, // BPF_CGROUP_UDP4_SENDMSG
+        _ => bail!("no attach type known for {hook}"),
+    };
+    let dir =
+        fs::File::open(cgroup).with_context(|| format!("opening cgroup {}", cgroup.display()))?;
+    let mut ids = [0u32; 64];
+    // `bpf_attr.query`: target_fd, attach_type, query_flags, attach_flags, prog_ids, prog_cnt,
+    // then fields this call leaves zero.
+    #[repr(C)]
+    struct Query {
+        target_fd: u32,
+        attach_type: u32,
+        query_flags: u32,
+        attach_flags: u32,
+        prog_ids: u64,
+        prog_cnt: u32,
+        _rest: [u32; 9],
+    }
+    let mut attr = Query {
+        target_fd: std::os::fd::AsRawFd::as_raw_fd(&dir) as u32,
+        attach_type,
+        query_flags: BPF_F_QUERY_EFFECTIVE,
+        attach_flags: 0,
+        prog_ids: ids.as_mut_ptr() as u64,
+        prog_cnt: ids.len() as u32,
+        _rest: [0; 9],
+    };
+    // SAFETY: `attr` is a valid `bpf_attr.query` of the size passed; the kernel writes at most
+    // `prog_cnt` ids into `ids`, which outlives the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_QUERY,
+            &mut attr as *mut Query,
+            std::mem::size_of::<Query>(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("querying {hook}'s programs on {}", cgroup.display()));
+    }
+    Ok(ids[..(attr.prog_cnt as usize).min(ids.len())].to_vec())
+}
+
+/// Loads `programs` (hook, name) from the agent's eBPF object and attaches them to `cgroup`.
+/// With `pinned_maps`, the frontend maps are the agent's pinned ones; every other map of the
+/// object is created for this load only (no pins) and goes with it.
+fn attach_programs(
+    cgroup: &Path,
+    programs: &[(&'static str, &'static str)],
+    pinned_maps: Option<&Path>,
+) -> anyhow::Result<Attached> {
+    let object = dataplane_agent::bpf::loader::ebpf_object();
+    if object.is_empty() {
+        bail!("the agent was built without its eBPF object (AYA_BUILD_SKIP)");
+    }
+    let mut loader = EbpfLoader::new();
+    if let Some(dir) = pinned_maps {
+        for name in [
+            dataplane_ebpf::map_names::FRONTENDS4,
+            dataplane_ebpf::map_names::FRONTENDS6,
+        ] {
+            let pin = dir.join(name);
+            if !pin.exists() {
+                bail!("no pinned map {} (is the agent up?)", pin.display());
+            }
+            loader.map_pin_path(name, pin);
+        }
+    }
+    let mut ebpf = loader.load(object).context("loading the eBPF object")?;
+    let cgroup_fd =
+        fs::File::open(cgroup).with_context(|| format!("opening cgroup {}", cgroup.display()))?;
+    let mut ids = BTreeMap::new();
+    let mut links = Vec::new();
+    for &(hook, name) in programs {
+        let prog: &mut CgroupSockAddr = ebpf
+            .program_mut(name)
+            .with_context(|| format!("no program {name} in the object"))?
+            .try_into()?;
+        prog.load().with_context(|| format!("loading {name}"))?;
+        let link_id = prog
+            .attach(&cgroup_fd, CgroupAttachMode::Single)
+            .with_context(|| format!("attaching {name}"))?;
+        let link: FdLink = prog.take_link(link_id)?.try_into()?;
+        ids.insert(hook, prog.info()?.id());
+        links.push(link);
+    }
+    Ok(Attached {
+        ids,
+        _links: links,
+        _ebpf: ebpf,
+    })
 }
 
 /// Counters of our program and the floor for some hooks, read before a stretch of load.
@@ -120,6 +233,32 @@ struct Pair {
     floor: u32,
     ours_at: (u64, u64),
     floor_at: (u64, u64),
+}
+
+impl Pair {
+    /// Reads the counters of `program` (reported as `name`) and of the do-nothing program of
+    /// `hook`.
+    fn start(
+        name: &'static str,
+        hook: &str,
+        calls_on: &str,
+        program: u32,
+        floor: &Floor,
+    ) -> anyhow::Result<Self> {
+        let floor_id = *floor
+            .0
+            .ids
+            .get(hook)
+            .with_context(|| format!("no do-nothing program for {hook}"))?;
+        Ok(Pair {
+            hook: name,
+            calls_on: calls_on.to_owned(),
+            ours: program,
+            floor: floor_id,
+            ours_at: stats(program).context("the measured program is gone")?,
+            floor_at: stats(floor_id).context("the do-nothing program is gone")?,
+        })
+    }
 }
 
 impl Window {
@@ -145,20 +284,30 @@ impl Window {
                         links.iter().map(|l| &l.pin).collect::<Vec<_>>()
                     )
                 })?;
-            let floor_id = *floor
-                .ids
-                .get(hook)
-                .with_context(|| format!("no do-nothing program for {hook}"))?;
-            start.push(Pair {
-                hook,
-                calls_on: (*calls_on).to_owned(),
-                ours,
-                floor: floor_id,
-                ours_at: stats(ours).context("our program is gone")?,
-                floor_at: stats(floor_id).context("the do-nothing program is gone")?,
-            });
+            start.push(Pair::start(hook, hook, calls_on, ours, floor)?);
         }
         Ok(Window { start, services })
+    }
+
+    /// The same for the reference program of `hook` (reported as `lookup_<hook>`) and, on the
+    /// same calls, the agent's own program of `hook` linked under `pin_dir`.
+    pub fn open_with_reference(
+        pin_dir: &Path,
+        floor: &Floor,
+        reference: &Reference,
+        services: usize,
+        (hook, reference_calls_on, ours_calls_on): (&'static str, &str, &str),
+    ) -> anyhow::Result<Self> {
+        let mut window = Window::open(pin_dir, floor, services, &[(hook, ours_calls_on)])?;
+        let (name, id) = dataplane_ebpf::LOOKUP_PROGRAMS
+            .iter()
+            .find(|(h, _)| *h == hook)
+            .and_then(|(h, name)| Some((*name, *reference.0.ids.get(h)?)))
+            .with_context(|| format!("no reference program for {hook}"))?;
+        window
+            .start
+            .insert(0, Pair::start(name, hook, reference_calls_on, id, floor)?);
+        Ok(window)
     }
 
     /// What ran since [`Window::open`]; hooks that did not run are left out.

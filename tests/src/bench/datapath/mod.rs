@@ -36,7 +36,7 @@ use crate::{
 };
 
 use super::stats::median;
-use hooks::{Floor, HookCost, StatsGuard, Window};
+use hooks::{Floor, HookCost, Reference, StatsGuard, Window};
 use load::LoadResult;
 pub use load::Proto;
 use rules::Service;
@@ -298,6 +298,9 @@ struct Bench<'a> {
     // topology's namespaces and cgroup.
     _server: ChildGuard,
     floor: Floor,
+    /// The socket-lb client's cgroup, a child of the agent's: the do-nothing and reference
+    /// programs attached here run before the agent's on the same calls.
+    load_cgroup: PathBuf,
     topo: Topology,
     backends: Vec<SocketAddrV4>,
     udp_backends: Vec<SocketAddrV4>,
@@ -352,11 +355,13 @@ impl<'a> Bench<'a> {
                 "echo '1024 65535' > /proc/sys/net/ipv4/ip_local_port_range && echo 1 > /proc/sys/net/ipv4/tcp_tw_reuse",
             ],
         )?;
-        let floor = Floor::attach(&topo.cgroup)?;
+        let load_cgroup = topo.child_cgroup("load")?;
+        let floor = Floor::attach(&load_cgroup)?;
         Ok(Bench {
             opts,
             _server: server,
             floor,
+            load_cgroup,
             topo,
             backends,
             udp_backends,
@@ -451,8 +456,11 @@ impl<'a> Bench<'a> {
                     );
                 }
                 report.hooks.extend(window.close());
+                let hook_load = self.opts.duration.min(HOOK_LOAD);
+                report
+                    .hooks
+                    .extend(self.measure_reference(proto, &targets, n, hook_load)?);
                 if proto == Proto::Tcp {
-                    let hook_load = self.opts.duration.min(HOOK_LOAD);
                     let window = Window::open(
                         &pin,
                         &self.floor,
@@ -613,6 +621,42 @@ impl<'a> Bench<'a> {
             .collect()
     }
 
+    /// A stretch of VIP load with the reference program of the VIP hook (the frontend lookup
+    /// alone) attached before the agent's: what finding the frontend costs per call at this N,
+    /// and what the agent's program costs once that lookup has just brought the frontend's
+    /// lines into the cache (the rest of its work).
+    fn measure_reference(
+        &self,
+        proto: Proto,
+        targets: &[SocketAddr],
+        n: usize,
+        duration: Duration,
+    ) -> anyhow::Result<Vec<HookCost>> {
+        let hook = match proto {
+            Proto::Tcp => (
+                "connect4",
+                "the frontend lookup alone, on TCP connects to VIPs",
+                "TCP VIP connects whose frontend lookup_connect4 has just read",
+            ),
+            Proto::Udp => (
+                "sendmsg4",
+                "the frontend lookup alone, on UDP datagrams sent to VIPs",
+                "UDP VIP datagrams whose frontend lookup_sendmsg4 has just read",
+            ),
+        };
+        let reference = Reference::attach(&self.load_cgroup, &self.topo.pin_dir)?;
+        let window =
+            Window::open_with_reference(&self.topo.pin_dir, &self.floor, &reference, n, hook)?;
+        let run = self.load(proto, targets, true, duration)?;
+        if run.connections == 0 {
+            bail!(
+                "no exchange through the VIPs with the reference program attached: {:?}",
+                run.errors
+            );
+        }
+        Ok(window.close())
+    }
+
     /// Runs the load generator in the client namespace (and, for socket-lb, the cgroup).
     fn load(
         &self,
@@ -636,7 +680,7 @@ impl<'a> Bench<'a> {
             .arg("--targets")
             .arg(&file);
         if in_cgroup {
-            cmd.arg("--cgroup").arg(&self.topo.cgroup);
+            cmd.arg("--cgroup").arg(&self.load_cgroup);
         }
         let timeout = warmup + duration + Duration::from_secs(30);
         let (_, out) = run_bounded(&mut cmd, None, timeout)?;
