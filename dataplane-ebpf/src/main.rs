@@ -742,8 +742,12 @@ pub fn lookup_sendmsg4(ctx: SockAddrContext) -> i32 {
 fn lookup_only4(ctx: &SockAddrContext) -> i32 {
     let sa = unsafe { &*ctx.sock_addr };
     if let Some(proto) = l4_proto(sa) {
-        let found = lookup::<V4>(sa.user_ip4, sa.user_port as u16, proto).map_or(0, |fe| fe.id);
-        // A volatile store keeps the lookup: with its result unused the compiler may drop it.
+        // Every field of the frontend, as `forward` copies it (a field on the element's next
+        // cache line is read here too); the volatile store keeps the reads, which the compiler
+        // would otherwise drop with their unused result.
+        let found = lookup::<V4>(sa.user_ip4, sa.user_port as u16, proto).map_or(0, |fe| {
+            fe.id ^ fe.base ^ fe.affinity_timeout_s ^ ((fe.count as u32) << 8) ^ fe.flags as u32
+        });
         let mut sink = 0u32;
         unsafe { write_volatile(&mut sink, found) };
     }

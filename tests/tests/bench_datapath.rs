@@ -107,6 +107,13 @@ fn every_mode_moves_connections_to_the_backends_behind_the_vips() {
             "{h:?}"
         );
     }
+    // A reference program and the agent's program measured after it ran on the same calls.
+    for pair in report.hooks.windows(2) {
+        if pair[0].hook.starts_with("lookup_") {
+            assert_eq!(pair[0].calls, pair[1].calls, "{pair:?}");
+            assert_eq!(format!("lookup_{}", pair[1].hook), pair[0].hook);
+        }
+    }
     let changes: Vec<_> = report
         .change
         .iter()

@@ -21,7 +21,8 @@ use serde::Serialize;
 /// One program's cost over one measured stretch of load.
 #[derive(Clone, Debug, Serialize)]
 pub struct HookCost {
-    /// The program (`connect4`, `connect6`, `sendmsg4`, `recvmsg4`).
+    /// The program: ours, named by its hook (`connect4`, `connect6`, `sendmsg4`, `recvmsg4`),
+    /// or a reference program of the hook (`lookup_connect4`, `lookup_sendmsg4`).
     pub hook: String,
     /// The calls it ran on.
     pub calls_on: String,
@@ -129,12 +130,10 @@ fn effective_programs(cgroup: &Path, hook: &str) -> anyhow::Result<Vec<u32>> {
         "sendmsg4" => 14, // BPF_CGROUP_UDP4_SENDMSG
         _ => bail!("no attach type known for {hook}"),
     };
-    let dir =
-        fs::File::open(cgroup).with_context(|| format!("opening cgroup {}", cgroup.display()))?;
-    let mut ids = [0u32; 64];
-    // `bpf_attr.query`: target_fd, attach_type, query_flags, attach_flags, prog_ids, prog_cnt,
-    // then fields this call leaves zero.
+    /// `bpf_attr.query` up to `revision` (6.16 and newer write it back; older kernels require
+    /// the bytes past their own fields to be zero, which they are).
     #[repr(C)]
+    #[derive(Default)]
     struct Query {
         target_fd: u32,
         attach_type: u32,
@@ -142,32 +141,49 @@ fn effective_programs(cgroup: &Path, hook: &str) -> anyhow::Result<Vec<u32>> {
         attach_flags: u32,
         prog_ids: u64,
         prog_cnt: u32,
-        _rest: [u32; 9],
+        _pad: u32,
+        prog_attach_flags: u64,
+        link_ids: u64,
+        link_attach_flags: u64,
+        revision: u64,
     }
-    let mut attr = Query {
-        target_fd: std::os::fd::AsRawFd::as_raw_fd(&dir) as u32,
-        attach_type,
-        query_flags: BPF_F_QUERY_EFFECTIVE,
-        attach_flags: 0,
-        prog_ids: ids.as_mut_ptr() as u64,
-        prog_cnt: ids.len() as u32,
-        _rest: [0; 9],
-    };
-    // SAFETY: `attr` is a valid `bpf_attr.query` of the size passed; the kernel writes at most
-    // `prog_cnt` ids into `ids`, which outlives the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_QUERY,
-            &mut attr as *mut Query,
-            std::mem::size_of::<Query>(),
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error())
+    const _: () = assert!(std::mem::size_of::<Query>() == 64);
+    let dir =
+        fs::File::open(cgroup).with_context(|| format!("opening cgroup {}", cgroup.display()))?;
+    let mut ids = vec![0u32; 64];
+    loop {
+        let mut attr = Query {
+            target_fd: std::os::fd::AsRawFd::as_raw_fd(&dir) as u32,
+            attach_type,
+            query_flags: BPF_F_QUERY_EFFECTIVE,
+            prog_ids: ids.as_mut_ptr() as u64,
+            prog_cnt: ids.len() as u32,
+            ..Query::default()
+        };
+        // SAFETY: `attr` is a `bpf_attr.query` of the size passed, which the kernel reads and
+        // writes (`prog_cnt`, `attach_flags`, `revision`); it writes at most `prog_cnt` ids into
+        // `ids`, which outlives the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_QUERY,
+                &mut attr as *mut Query,
+                std::mem::size_of::<Query>(),
+            )
+        };
+        let err = std::io::Error::last_os_error();
+        if rc == 0 {
+            ids.truncate((attr.prog_cnt as usize).min(ids.len()));
+            return Ok(ids);
+        }
+        // More programs than room: the kernel said how many there are.
+        if err.raw_os_error() == Some(libc::ENOSPC) && attr.prog_cnt as usize > ids.len() {
+            ids = vec![0; attr.prog_cnt as usize];
+            continue;
+        }
+        return Err(err)
             .with_context(|| format!("querying {hook}'s programs on {}", cgroup.display()));
     }
-    Ok(ids[..(attr.prog_cnt as usize).min(ids.len())].to_vec())
 }
 
 /// Loads `programs` (hook, name) from the agent's eBPF object and attaches them to `cgroup`.
@@ -196,6 +212,19 @@ fn attach_programs(
         }
     }
     let mut ebpf = loader.load(object).context("loading the eBPF object")?;
+    // A pin removed between the check above and the load would have left the programs on a
+    // new, empty map: they must use the pinned one.
+    let pinned_ids: Vec<u32> = match pinned_maps {
+        Some(dir) => [dataplane_ebpf::map_names::FRONTENDS4]
+            .iter()
+            .map(|name| {
+                aya::maps::MapData::from_pin(dir.join(name))
+                    .and_then(|m| Ok(m.info()?.id()))
+                    .with_context(|| format!("reading the pinned map {name}"))
+            })
+            .collect::<anyhow::Result<_>>()?,
+        None => Vec::new(),
+    };
     let cgroup_fd =
         fs::File::open(cgroup).with_context(|| format!("opening cgroup {}", cgroup.display()))?;
     let mut ids = BTreeMap::new();
@@ -210,7 +239,12 @@ fn attach_programs(
             .attach(&cgroup_fd, CgroupAttachMode::Single)
             .with_context(|| format!("attaching {name}"))?;
         let link: FdLink = prog.take_link(link_id)?.try_into()?;
-        ids.insert(hook, prog.info()?.id());
+        let info = prog.info()?;
+        let uses = info.map_ids().ok().flatten().unwrap_or_default();
+        if let Some(missing) = pinned_ids.iter().find(|id| !uses.contains(id)) {
+            bail!("{name} does not use the pinned frontend map (id {missing}; it uses {uses:?})");
+        }
+        ids.insert(hook, info.id());
         links.push(link);
     }
     Ok(Attached {

@@ -648,9 +648,9 @@ impl<'a> Bench<'a> {
         let window =
             Window::open_with_reference(&self.topo.pin_dir, &self.floor, &reference, n, hook)?;
         let run = self.load(proto, targets, true, duration)?;
-        if run.connections == 0 {
+        if run.failures > 0 || run.connections == 0 {
             bail!(
-                "no exchange through the VIPs with the reference program attached: {:?}",
+                "the VIP load with the reference program attached failed: {:?}",
                 run.errors
             );
         }
