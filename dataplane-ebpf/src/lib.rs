@@ -256,6 +256,8 @@ pub struct RevNatKey4 {
     pub _pad: u16,
 }
 
+/// The VIP that (socket, IPv4 backend) stands for. Exactly 8 bytes: the programs write and read
+/// it as one aligned 8-byte word, so a changed VIP is rewritten in place without a torn read.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RevNatValue4 {

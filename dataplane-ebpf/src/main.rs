@@ -117,8 +117,9 @@ trait Family {
     /// The frontend entry of (address, port, protocol); `port == 0 && proto == 0` is the VIP's
     /// wildcard.
     fn frontend(addr: Self::Addr, port: u16, proto: u8) -> Option<Frontend>;
-    /// Records that (socket, backend) stands for (VIP, port).
-    fn rev_insert(
+    /// Records that (socket, backend) stands for (VIP, port): written only when it is not so
+    /// already.
+    fn rev_record(
         cookie: u64,
         backend: Self::Addr,
         backend_port: u16,
@@ -158,8 +159,13 @@ impl Family for V4 {
         unsafe { FRONTENDS4.get(&key) }.copied()
     }
 
+    /// An existing entry is rewritten in place with one aligned 8-byte store (the value is 8
+    /// bytes, and hash map values are 8-byte aligned), which `rev_lookup` reads with one load:
+    /// a reader sees the old VIP or the new one, never a mix. A socket that sends to several
+    /// VIPs served by one backend rewrites its entry on every change of VIP; an insert there
+    /// would take a new LRU node and free the old one each time.
     #[inline(always)]
-    fn rev_insert(
+    fn rev_record(
         cookie: u64,
         backend: u32,
         backend_port: u16,
@@ -177,6 +183,18 @@ impl Family for V4 {
             vip_port,
             _pad: 0,
         };
+        if let Some(entry) = REVNAT4.get_ptr_mut(&key) {
+            let word = rev4_word(value);
+            // SAFETY: a pointer to the entry's 8-byte, 8-byte aligned value, valid for the
+            // program's run.
+            unsafe {
+                let entry = entry as *mut u64;
+                if read_volatile(entry) != word {
+                    write_volatile(entry, word);
+                }
+            }
+            return Ok(());
+        }
         REVNAT4.insert(&key, &value, 0).map_err(|e| e as i32)
     }
 
@@ -188,7 +206,10 @@ impl Family for V4 {
             backend_port,
             _pad: 0,
         };
-        unsafe { REVNAT4.get(&key) }.map(|v| (v.vip, v.vip_port))
+        // SAFETY: as in `rev_record`: one load of the whole value.
+        let word = unsafe { read_volatile(REVNAT4.get_ptr(&key)? as *const u64) };
+        let value = rev4_value(word);
+        Some((value.vip, value.vip_port))
     }
 }
 
@@ -217,14 +238,19 @@ impl Family for V6 {
         unsafe { FRONTENDS6.get(&key) }.copied()
     }
 
+    /// A 20-byte value cannot be stored in one instruction: a changed entry is replaced whole
+    /// (the map swaps in a new element), so a concurrent reader never sees half of each VIP.
     #[inline(always)]
-    fn rev_insert(
+    fn rev_record(
         cookie: u64,
         backend: [u32; 4],
         backend_port: u16,
         vip: [u32; 4],
         vip_port: u16,
     ) -> Result<(), i32> {
+        if Self::rev_lookup(cookie, backend, backend_port) == Some((vip, vip_port)) {
+            return Ok(());
+        }
         let key = RevNatKey6 {
             cookie,
             backend_addr: backend,
@@ -249,6 +275,19 @@ impl Family for V6 {
         };
         unsafe { REVNAT6.get(&key) }.map(|v| (v.vip, v.vip_port))
     }
+}
+
+/// A [`RevNatValue4`] as the one 8-byte word it is stored as.
+#[inline(always)]
+fn rev4_word(value: RevNatValue4) -> u64 {
+    // SAFETY: two `repr(C)` types of 8 bytes, every bit pattern valid for both.
+    unsafe { core::mem::transmute::<RevNatValue4, u64>(value) }
+}
+
+#[inline(always)]
+fn rev4_value(word: u64) -> RevNatValue4 {
+    // SAFETY: as in `rev4_word`.
+    unsafe { core::mem::transmute::<u64, RevNatValue4>(word) }
 }
 
 enum Verdict<A> {
@@ -446,10 +485,7 @@ fn record<F: Family>(
         unsafe { *entry = value };
         return Ok(());
     }
-    if F::rev_lookup(cookie, backend, backend_port) == Some((vip, vip_port)) {
-        return Ok(());
-    }
-    F::rev_insert(cookie, backend, backend_port, vip, vip_port)
+    F::rev_record(cookie, backend, backend_port, vip, vip_port)
 }
 
 /// The forward translation of a destination `(vip, port)` of family `F`.
