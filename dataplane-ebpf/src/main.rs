@@ -46,6 +46,9 @@ use dataplane_ebpf::{
     ip6_mapped_v4, ip6_v4_mapped, pick_slot,
 };
 
+/// Programs the benchmark attaches next to these (never the agent).
+mod bench_programs;
+
 /// Elements are allocated on write and freed after an RCU grace period, so a concurrent reader
 /// never sees a recycled element (the aliasing hazard of preallocated hash maps).
 const NO_PREALLOC: usize = 1;
@@ -730,62 +733,6 @@ pub fn sock_release(ctx: SockContext) -> i32 {
     if let Some(entry) = conn_entry(cookie) {
         // Frees the entry only if it is ours.
         swap_holder(entry, cookie, 0);
-    }
-    ALLOW
-}
-
-// Do-nothing programs of each measured hook (`r0 = 1; exit`), never attached by the agent. The
-// benchmark attaches them next to the programs above, on the same cgroup, so both run on the
-// same calls: their kernel run time per call is the floor a program of that type costs.
-
-#[cgroup_sock_addr(connect4)]
-pub fn noop_connect4(_ctx: SockAddrContext) -> i32 {
-    ALLOW
-}
-
-#[cgroup_sock_addr(connect6)]
-pub fn noop_connect6(_ctx: SockAddrContext) -> i32 {
-    ALLOW
-}
-
-#[cgroup_sock_addr(sendmsg4)]
-pub fn noop_sendmsg4(_ctx: SockAddrContext) -> i32 {
-    ALLOW
-}
-
-#[cgroup_sock_addr(recvmsg4)]
-pub fn noop_recvmsg4(_ctx: SockAddrContext) -> i32 {
-    ALLOW
-}
-
-// Reference programs for the benchmark, never attached by the agent: the frontend lookup of
-// `forward` alone (the (port, protocol) entry, else the VIP's wildcard), the least that any
-// translation of a VIP must do. Attached in a child cgroup of the agent's, they run just before
-// the agent's programs on the same calls, so their cost per call is that of finding the
-// frontend in the maps as the caches stand when a call arrives.
-
-#[cgroup_sock_addr(connect4)]
-pub fn lookup_connect4(ctx: SockAddrContext) -> i32 {
-    lookup_only4(&ctx)
-}
-
-#[cgroup_sock_addr(sendmsg4)]
-pub fn lookup_sendmsg4(ctx: SockAddrContext) -> i32 {
-    lookup_only4(&ctx)
-}
-
-#[inline(always)]
-fn lookup_only4(ctx: &SockAddrContext) -> i32 {
-    let sa = unsafe { &*ctx.sock_addr };
-    if let Some(proto) = l4_proto(sa) {
-        // Every field of the frontend, as `forward` copies it (a field on the element's next
-        // cache line is read here too); the volatile store keeps the reads, which the compiler
-        // would otherwise drop with their unused result.
-        let found = lookup::<V4>(sa.user_ip4, sa.user_port as u16, proto).map_or(0, |fe| {
-            fe.id ^ fe.base ^ fe.affinity_timeout_s ^ ((fe.count as u32) << 8) ^ fe.flags as u32
-        });
-        let mut sink = 0u32;
-        unsafe { write_volatile(&mut sink, found) };
     }
     ALLOW
 }
