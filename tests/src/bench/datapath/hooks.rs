@@ -97,13 +97,8 @@ impl Reference {
         let maps = pin_dir.join("maps");
         let reference = attach_programs(cgroup, &dataplane_ebpf::LOOKUP_PROGRAMS, Some(&maps))
             .map(Reference)?;
-        let links = dataplane_agent::bpf::inspect::links(pin_dir);
         for (hook, id) in &reference.0.ids {
-            let ours = links
-                .iter()
-                .find(|l| l.program == *hook)
-                .map(|l| l.program_id)
-                .with_context(|| format!("no pinned link of {hook} under {}", pin_dir.display()))?;
+            let ours = agent_program(pin_dir, hook)?;
             let order = effective_programs(cgroup, hook)?;
             let at = |p: u32| order.iter().position(|&q| q == p);
             match (at(*id), at(ours)) {
@@ -117,6 +112,22 @@ impl Reference {
         }
         Ok(reference)
     }
+}
+
+/// The id of the agent's program of `hook`, linked under `pin_dir`.
+fn agent_program(pin_dir: &Path, hook: &str) -> anyhow::Result<u32> {
+    let links = dataplane_agent::bpf::inspect::links(pin_dir);
+    links
+        .iter()
+        .find(|l| l.program == hook)
+        .map(|l| l.program_id)
+        .with_context(|| {
+            format!(
+                "no pinned link of {hook} under {} (found {:?})",
+                pin_dir.display(),
+                links.iter().map(|l| &l.pin).collect::<Vec<_>>()
+            )
+        })
 }
 
 /// The ids of the programs that run on `hook` for processes of `cgroup`, in the order the kernel
@@ -187,8 +198,9 @@ fn effective_programs(cgroup: &Path, hook: &str) -> anyhow::Result<Vec<u32>> {
 }
 
 /// Loads `programs` (hook, name) from the agent's eBPF object and attaches them to `cgroup`.
-/// With `pinned_maps`, the frontend maps are the agent's pinned ones; every other map of the
-/// object is created for this load only (no pins) and goes with it.
+/// With `pinned_maps`, `MCS_FE4` (the only map the reference programs read) is the agent's
+/// pinned one; every other map of the object is created for this load only (no pins) and goes
+/// with it.
 fn attach_programs(
     cgroup: &Path,
     programs: &[(&'static str, &'static str)],
@@ -198,33 +210,26 @@ fn attach_programs(
     if object.is_empty() {
         bail!("the agent was built without its eBPF object (AYA_BUILD_SKIP)");
     }
+    let fe4 = dataplane_ebpf::map_names::FRONTENDS4;
+    let pin = pinned_maps.map(|dir| dir.join(fe4));
     let mut loader = EbpfLoader::new();
-    if let Some(dir) = pinned_maps {
-        for name in [
-            dataplane_ebpf::map_names::FRONTENDS4,
-            dataplane_ebpf::map_names::FRONTENDS6,
-        ] {
-            let pin = dir.join(name);
-            if !pin.exists() {
-                bail!("no pinned map {} (is the agent up?)", pin.display());
-            }
-            loader.map_pin_path(name, pin);
+    if let Some(pin) = &pin {
+        // Else the load would create the map and pin it in the agent's directory.
+        if !pin.exists() {
+            bail!("no pinned map {} (is the agent up?)", pin.display());
         }
+        loader.map_pin_path(fe4, pin);
     }
     let mut ebpf = loader.load(object).context("loading the eBPF object")?;
     // A pin removed between the check above and the load would have left the programs on a
     // new, empty map: they must use the pinned one.
-    let pinned_ids: Vec<u32> = match pinned_maps {
-        Some(dir) => [dataplane_ebpf::map_names::FRONTENDS4]
-            .iter()
-            .map(|name| {
-                aya::maps::MapData::from_pin(dir.join(name))
-                    .and_then(|m| Ok(m.info()?.id()))
-                    .with_context(|| format!("reading the pinned map {name}"))
-            })
-            .collect::<anyhow::Result<_>>()?,
-        None => Vec::new(),
-    };
+    let pinned_id = pin
+        .map(|pin| {
+            aya::maps::MapData::from_pin(&pin)
+                .and_then(|m| Ok(m.info()?.id()))
+                .with_context(|| format!("reading the pinned map {}", pin.display()))
+        })
+        .transpose()?;
     let cgroup_fd =
         fs::File::open(cgroup).with_context(|| format!("opening cgroup {}", cgroup.display()))?;
     let mut ids = BTreeMap::new();
@@ -241,8 +246,10 @@ fn attach_programs(
         let link: FdLink = prog.take_link(link_id)?.try_into()?;
         let info = prog.info()?;
         let uses = info.map_ids().ok().flatten().unwrap_or_default();
-        if let Some(missing) = pinned_ids.iter().find(|id| !uses.contains(id)) {
-            bail!("{name} does not use the pinned frontend map (id {missing}; it uses {uses:?})");
+        if let Some(id) = pinned_id
+            && !uses.contains(&id)
+        {
+            bail!("{name} does not use the pinned frontend map (id {id}; it uses {uses:?})");
         }
         ids.insert(hook, info.id());
         links.push(link);
@@ -304,20 +311,9 @@ impl Window {
         services: usize,
         hooks: &[(&'static str, &str)],
     ) -> anyhow::Result<Self> {
-        let links = dataplane_agent::bpf::inspect::links(pin_dir);
         let mut start = Vec::new();
         for (hook, calls_on) in hooks {
-            let ours = links
-                .iter()
-                .find(|l| l.program == *hook)
-                .map(|l| l.program_id)
-                .with_context(|| {
-                    format!(
-                        "no pinned link of {hook} under {} (found {:?})",
-                        pin_dir.display(),
-                        links.iter().map(|l| &l.pin).collect::<Vec<_>>()
-                    )
-                })?;
+            let ours = agent_program(pin_dir, hook)?;
             start.push(Pair::start(hook, hook, calls_on, ours, floor)?);
         }
         Ok(Window { start, services })

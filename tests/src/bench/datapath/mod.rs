@@ -624,7 +624,7 @@ impl<'a> Bench<'a> {
     /// A stretch of VIP load with the reference program of the VIP hook (the frontend lookup
     /// alone) attached before the agent's: what finding the frontend costs per call at this N,
     /// and what the agent's program costs once that lookup has just brought the frontend's
-    /// lines into the cache (the rest of its work).
+    /// lines into the cache.
     fn measure_reference(
         &self,
         proto: Proto,
