@@ -150,6 +150,15 @@ pub fn run_node(opts: &ControlOptions) -> anyhow::Result<ControlReport> {
     })
 }
 
+/// Only the full merge and lb build (`mcs-bench --only merge`).
+pub fn run_merge(opts: &ControlOptions) -> anyhow::Result<ControlReport> {
+    eprintln!("bench: merge + lb build, {}", opts.shape);
+    Ok(ControlReport {
+        merge: Some(merge_and_build(opts.shape, opts.merge_runs).0),
+        ..ControlReport::default()
+    })
+}
+
 /// Only the controller role (`mcs-bench --only controller`).
 pub fn run_controller(opts: &ControlOptions) -> anyhow::Result<ControlReport> {
     eprintln!(

@@ -33,8 +33,8 @@ struct Args {
     out: PathBuf,
     /// Run only the datapath, the control-plane or the DNS part, or of the control plane only
     /// the agents fed from files (`node --from-dir`, `run --clusterset-dir`), the node role on
-    /// the API server or the controller role.
-    #[arg(long, value_parser = ["datapath", "control", "dns", "files", "node", "controller"])]
+    /// the API server, the controller role, or the full merge + lb build.
+    #[arg(long, value_parser = ["datapath", "control", "dns", "files", "node", "controller", "merge"])]
     only: Option<String>,
     /// Import counts for the DNS part (comma-separated).
     #[arg(long, value_delimiter = ',')]
@@ -130,6 +130,9 @@ fn main() -> anyhow::Result<()> {
         }
         (false, Some("node")) => {
             Some(control::run_node(&control_opts).context("node role benchmark")?)
+        }
+        (false, Some("merge")) => {
+            Some(control::run_merge(&control_opts).context("merge + lb benchmark")?)
         }
         (false, Some("controller")) => {
             Some(control::run_controller(&control_opts).context("controller benchmark")?)
