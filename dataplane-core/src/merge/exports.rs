@@ -19,17 +19,12 @@
 //! Precedence: `creationTimestamp` ascending (a missing one counts as the oldest), ties broken by
 //! cluster id ascending.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    sync::Arc,
-};
+use std::{collections::BTreeSet, sync::Arc};
 
-use foldhash::{HashMap, HashMapExt};
 use k8s_openapi::jiff::Timestamp;
 
-use super::{ClusterSnapshot, Diagnostic};
 use crate::model::{
-    ClusterId, IpFamily, NamespacedName, ServicePort,
+    ClusterId, IpFamily, ServicePort,
     member::{ExportRecord, LocalSlice, ServicePortSpec, ServiceRecord},
     name::Name,
 };
@@ -42,18 +37,6 @@ pub const REASON_INVALID_IP_FAMILIES: &str = "InvalidIPFamilies";
 pub const REASON_NO_SERVICE: &str = "NoService";
 /// Reason of `Valid=False` for a Service type that cannot be exported (MCS API).
 pub const REASON_INVALID_SERVICE_TYPE: &str = "InvalidServiceType";
-
-/// The objects of one cluster, keyed by namespace/name and deduplicated.
-pub(crate) struct ClusterObjects<'a> {
-    /// Services by namespace/name.
-    pub services: HashMap<&'a NamespacedName, Arc<ServiceRecord>>,
-    /// ServiceExports by namespace/name.
-    pub exports: HashMap<&'a NamespacedName, Arc<ExportRecord>>,
-    /// Local slices by the Service they belong to, sorted by slice name.
-    pub slices: HashMap<NamespacedName, Vec<Arc<LocalSlice>>>,
-    /// Local slices without a service label.
-    pub unlabelled: Vec<Arc<LocalSlice>>,
-}
 
 /// A valid export, ready to merge.
 #[derive(Debug)]
@@ -84,87 +67,21 @@ impl Export<'_> {
     }
 }
 
-/// Picks one of several records with the same namespace/name, independently of their order:
-/// the smallest.
-fn pick_duplicate<T: Ord>(existing: &mut Arc<T>, new: &Arc<T>) {
-    if new < existing {
-        *existing = Arc::clone(new);
-    }
-}
-
-/// Keys every cluster's objects, combining snapshots of one cluster and reporting duplicates.
-pub(crate) fn index_clusters<'a>(
-    snapshots: &'a [ClusterSnapshot],
-    diagnostics: &mut Vec<Diagnostic>,
-) -> BTreeMap<&'a ClusterId, ClusterObjects<'a>> {
-    let mut out: BTreeMap<&ClusterId, ClusterObjects<'_>> = BTreeMap::new();
-    let mut seen = BTreeSet::new();
-    for snap in snapshots {
-        if !seen.insert(&snap.cluster) {
-            diagnostics.push(Diagnostic {
-                cluster: Some(snap.cluster.clone()),
-                object: format!("cluster {}", snap.cluster),
-                message: "given more than once; its objects are combined".into(),
-            });
-        }
-        let objs = out.entry(&snap.cluster).or_insert_with(|| ClusterObjects {
-            services: HashMap::with_capacity(snap.services.len()),
-            exports: HashMap::with_capacity(snap.service_exports.len()),
-            slices: HashMap::with_capacity(snap.endpoint_slices.len()),
-            unlabelled: Vec::new(),
-        });
-        let dup = |kind: &str, id: &NamespacedName| Diagnostic {
-            cluster: Some(snap.cluster.clone()),
-            object: format!("{kind} {id}"),
-            message: super::DUPLICATE.into(),
-        };
-        for svc in &snap.services {
-            match objs.services.get_mut(&svc.id) {
-                Some(existing) => {
-                    diagnostics.push(dup("Service", &svc.id));
-                    pick_duplicate(existing, svc);
-                }
-                None => {
-                    objs.services.insert(&svc.id, Arc::clone(svc));
-                }
+/// Files `new` in `kept`. When a record is there already (a duplicate: returns `true`), the
+/// smaller of the two stays, so the choice does not depend on the input order.
+pub(crate) fn file_once<T: Ord>(kept: &mut Option<Arc<T>>, new: &Arc<T>) -> bool {
+    match kept {
+        Some(existing) => {
+            if new < existing {
+                *existing = Arc::clone(new);
             }
+            true
         }
-        for se in &snap.service_exports {
-            match objs.exports.get_mut(&se.id) {
-                Some(existing) => {
-                    diagnostics.push(dup("ServiceExport", &se.id));
-                    pick_duplicate(existing, se);
-                }
-                None => {
-                    objs.exports.insert(&se.id, Arc::clone(se));
-                }
-            }
-        }
-        for slice in &snap.endpoint_slices {
-            let Some(service) = slice.service_id() else {
-                objs.unlabelled.push(Arc::clone(slice));
-                continue;
-            };
-            let list = objs.slices.entry(service).or_default();
-            // Same namespace (part of the key), so the name identifies the slice.
-            match list.iter_mut().find(|s| s.id.name == slice.id.name) {
-                Some(existing) => {
-                    diagnostics.push(dup("EndpointSlice", &slice.id));
-                    // Slices are not ordered: the smallest debug text, only for duplicates.
-                    if format!("{slice:?}") < format!("{existing:?}") {
-                        *existing = Arc::clone(slice);
-                    }
-                }
-                None => list.push(Arc::clone(slice)),
-            }
+        None => {
+            *kept = Some(Arc::clone(new));
+            false
         }
     }
-    for objs in out.values_mut() {
-        for list in objs.slices.values_mut() {
-            list.sort_by(|a, b| a.id.name.cmp(&b.id.name));
-        }
-    }
-    out
 }
 
 /// Checks one export; `Err((reason, message))` makes it `Valid=False`.

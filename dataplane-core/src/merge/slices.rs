@@ -71,16 +71,20 @@ fn hashed(base: &str, salt: &str) -> String {
     format!("{}{suffix}", &base[..end])
 }
 
-/// Hands out a slice's name: (namespace, candidate, the salt of a hashed name) to the name.
-pub(crate) type Claim<'a, E> = dyn FnMut(&Name, &str, &dyn Fn() -> String) -> Result<Name, E> + 'a;
+/// The salt of a slice's hashed name: its service and cluster.
+pub(crate) fn salt(service: &NamespacedName, cluster: &ClusterId) -> String {
+    format!("{service}/{cluster}")
+}
 
 /// Builds the imported slices of `service`, appended to `out`: for each contributing cluster
 /// (by id) and each of the import's `families` its Service supports (in family order), the
-/// endpoints of its local slices with the merged `ports` it declares. Their names come from
-/// `claim`, their port lists and port names are shared through `port_lists`; the endpoints
-/// `policy` refuses are left out and appended to `refused`.
+/// endpoints of its local slices with the merged `ports` it declares. Each is named with its
+/// candidate name, which the caller claims in the namespace (names are handed out in service
+/// order, so services can be built in any order and named afterwards); their port lists and
+/// port names are shared through `port_lists`; the endpoints `policy` refuses are left out and
+/// appended to `refused`.
 #[allow(clippy::too_many_arguments)] // the service's merge facts and the build's scratch state
-pub(crate) fn build<E>(
+pub(crate) fn build(
     contributing: &[&Export<'_>],
     service: &NamespacedName,
     ports: &[MergedPort],
@@ -89,8 +93,7 @@ pub(crate) fn build<E>(
     port_lists: &Interner,
     out: &mut Vec<ImportedSlice>,
     refused: &mut Vec<RefusedEndpoint>,
-    claim: &mut Claim<'_, E>,
-) -> Result<(), E> {
+) {
     let mut families = families.to_vec();
     families.sort_unstable();
     families.dedup();
@@ -149,21 +152,17 @@ pub(crate) fn build<E>(
             for part in [&*service.name, "-", e.cluster.as_str(), "-", suffix] {
                 base.push_str(part);
             }
-            let salt = || format!("{service}/{}", e.cluster);
             let mut index = 0usize;
             groups.sort_by(|a, b| a.0.cmp(&b.0));
             for (ports, locals) in groups {
                 let ports = port_lists.port_list(ports);
                 for endpoints in chunks(&locals) {
                     index += 1;
-                    let numbered;
-                    let candidate = if index == 1 {
-                        &base
+                    let name = if index == 1 {
+                        Name::from(base.as_str())
                     } else {
-                        numbered = format!("{base}-{index}");
-                        &numbered
+                        Name::from(format!("{base}-{index}"))
                     };
-                    let name = claim(&service.namespace, candidate, &salt)?;
                     out.push(ImportedSlice {
                         name,
                         service: service.clone(),
@@ -176,7 +175,6 @@ pub(crate) fn build<E>(
             }
         }
     }
-    Ok(())
 }
 
 /// The endpoints of `local` that `policy` allows for `cluster`, the others appended to

@@ -17,9 +17,9 @@
 //! So an update always gives what a full merge of the same inputs gives, with the current
 //! imports as the existing ones (property-tested in `merge/tests.rs`).
 
-use std::{borrow::Cow, collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
 
-use foldhash::{HashMap, HashMapExt as _, HashSet};
+use foldhash::{HashMap, HashMapExt as _};
 
 use super::{
     ClusterSetConfig, ClusterSnapshot, Diagnostic, ExportStatus, MergeOutput, conditions, exports,
@@ -136,69 +136,6 @@ type MemberInputs<'a> = (&'a ClusterId, &'a Member, &'a [Arc<LocalSlice>]);
 #[derive(Debug)]
 struct Contention;
 
-/// The names of imported slices in use, by namespace, and which plain names more than one
-/// service wanted.
-#[derive(Debug, Default)]
-struct SliceNames {
-    /// The names are the slices' own (shared, not copied).
-    used: HashMap<Name, HashMap<Name, NamespacedName>>,
-    contested: HashSet<(Name, String)>,
-}
-
-impl SliceNames {
-    /// Gives `owner` a unique name for `candidate` in `namespace`. With `batch`, the update's
-    /// services: a name held by a service outside it that sorts after `owner` is contention
-    /// (a full merge would give `owner` that name).
-    fn claim(
-        &mut self,
-        namespace: &Name,
-        candidate: &str,
-        salt: &dyn Fn() -> String,
-        owner: &NamespacedName,
-        batch: Option<&BTreeSet<NamespacedName>>,
-    ) -> Result<Name, Contention> {
-        let used = match self.used.get_mut(namespace) {
-            Some(u) => u,
-            None => self.used.entry(namespace.clone()).or_default(),
-        };
-        let mut name = slices::bounded(candidate, salt);
-        let mut n = 0u32;
-        while let Some(holder) = used.get(&*name) {
-            if let Some(batch) = batch
-                && owner < holder
-                && !batch.contains(holder)
-            {
-                return Err(Contention);
-            }
-            self.contested
-                .insert((namespace.clone(), candidate.to_owned()));
-            n += 1;
-            name = Cow::Owned(slices::renamed(candidate, salt, n));
-        }
-        let name = Name::from(&*name);
-        used.insert(Name::clone(&name), owner.clone());
-        Ok(name)
-    }
-
-    /// Frees the names of `slices`. Contention when another service wanted one of them: it
-    /// may get it now.
-    fn release<'s>(
-        &mut self,
-        slices: impl IntoIterator<Item = &'s ImportedSlice>,
-    ) -> Result<(), Contention> {
-        let mut contended = false;
-        for s in slices {
-            if let Some(used) = self.used.get_mut(&s.service.namespace) {
-                used.remove(&*s.name);
-            }
-            contended |= self
-                .contested
-                .contains(&(s.service.namespace.clone(), s.name.to_string()));
-        }
-        if contended { Err(Contention) } else { Ok(()) }
-    }
-}
-
 /// The merge of a ClusterSet for one importing cluster, kept service by service.
 #[derive(Debug)]
 pub struct MergeState {
@@ -229,6 +166,8 @@ pub struct MergeState {
     port_lists_purged_at: usize,
     /// Duplicates found by the last [`MergeState::load`].
     load_diagnostics: Vec<Diagnostic>,
+    /// Batches of this many services or more are merged on every core.
+    parallel_from: usize,
 }
 
 impl MergeState {
@@ -250,12 +189,20 @@ impl MergeState {
             port_lists: Interner::new(),
             port_lists_purged_at: 0,
             load_diagnostics: Vec::new(),
+            parallel_from: batch::PARALLEL_FROM,
         }
     }
 
     /// Sets the grace period the `Ready` message of imports with withdrawn members names.
     pub fn set_grace(&mut self, grace: Duration) {
         self.grace = grace;
+    }
+
+    /// Merges batches of `services` or more on every core (tests use it to take either path
+    /// with small inputs).
+    #[cfg(test)]
+    pub(crate) fn set_parallel_from(&mut self, services: usize) {
+        self.parallel_from = services;
     }
 
     /// Sets which endpoints may be imported (by default [`AddressPolicy::for_cidrs`] of the
@@ -284,28 +231,73 @@ impl MergeState {
     /// reported (one definition is used).
     pub fn load(&mut self, snapshots: &[ClusterSnapshot], existing: &[ImportRecord]) {
         let mut diagnostics = Vec::new();
-        let clusters = exports::index_clusters(snapshots, &mut diagnostics);
         self.services.clear();
         self.filed_slices.clear();
-        for (cluster, objs) in clusters {
-            for (id, svc) in objs.services {
-                self.member(id, cluster).service = Some(svc);
+        // Filed straight under their service (one pass, no index per cluster first); a
+        // second definition of an object in a cluster is reported and the smaller one kept,
+        // so the choice does not depend on the input order.
+        let mut seen = BTreeSet::new();
+        let mut unlabelled: Vec<(&ClusterId, &Arc<LocalSlice>)> = Vec::new();
+        for snap in snapshots {
+            let cluster = &snap.cluster;
+            if !seen.insert(cluster) {
+                diagnostics.push(Diagnostic {
+                    cluster: Some(cluster.clone()),
+                    object: format!("cluster {cluster}"),
+                    message: "given more than once; its objects are combined".into(),
+                });
             }
-            for (id, export) in objs.exports {
-                self.member(id, cluster).export = Some(export);
+            let dup = |kind: &str, id: &NamespacedName| Diagnostic {
+                cluster: Some(cluster.clone()),
+                object: format!("{kind} {id}"),
+                message: super::DUPLICATE.into(),
+            };
+            for svc in &snap.services {
+                if exports::file_once(&mut self.member(&svc.id, cluster).service, svc) {
+                    diagnostics.push(dup("Service", &svc.id));
+                }
             }
-            let mut filed = ById::default();
-            for (service, slices) in objs.slices {
-                for s in &slices {
+            for se in &snap.service_exports {
+                if exports::file_once(&mut self.member(&se.id, cluster).export, se) {
+                    diagnostics.push(dup("ServiceExport", &se.id));
+                }
+            }
+            for slice in &snap.endpoint_slices {
+                let Some(service) = slice.service_id() else {
+                    unlabelled.push((cluster, slice));
+                    continue;
+                };
+                let list = &mut self.member(&service, cluster).slices;
+                // Same namespace (part of the key), so the name identifies the slice.
+                match list.iter_mut().find(|s| s.id.name == slice.id.name) {
+                    Some(existing) => {
+                        diagnostics.push(dup("EndpointSlice", &slice.id));
+                        // Slices are not ordered: the smallest debug text, only for duplicates.
+                        if format!("{slice:?}") < format!("{existing:?}") {
+                            *existing = Arc::clone(slice);
+                        }
+                    }
+                    None => list.push(Arc::clone(slice)),
+                }
+            }
+            self.filed_slices.entry(cluster.clone()).or_default();
+        }
+        for members in self.services.values_mut() {
+            for (cluster, member) in members.iter_mut() {
+                member.slices.sort_by(|a, b| a.id.name.cmp(&b.id.name));
+                // Every cluster of a snapshot has its entry (above).
+                let Some(filed) = self.filed_slices.get_mut(cluster) else {
+                    continue;
+                };
+                for s in &member.slices {
                     filed.insert(Arc::clone(s));
                 }
-                self.member(&service, cluster).slices = slices;
             }
-            for s in objs.unlabelled {
-                filed.insert(s);
+        }
+        for (cluster, slice) in unlabelled {
+            if let Some(filed) = self.filed_slices.get_mut(cluster) {
+                filed.insert(Arc::clone(slice));
             }
-            // Each cluster once: index_clusters combines the snapshots of one cluster.
-            self.filed_slices.insert(cluster.clone(), filed);
         }
         self.load_diagnostics = diagnostics;
         let existing: HashMap<NamespacedName, Vec<IpAddr>> = sticky_ips(existing);
@@ -753,5 +745,8 @@ fn sticky_ips(imports: &[ImportRecord]) -> HashMap<NamespacedName, Vec<IpAddr>> 
 }
 
 mod batch;
+mod names;
+
+use names::SliceNames;
 #[cfg(test)]
 mod tests;

@@ -316,6 +316,20 @@ proptest! {
         let _ = crate::lb::build_records(&first.service_imports, &first.endpoint_slices);
     }
 
+    /// The services of a large batch are merged on every core, and the IPs and slice names
+    /// then handed out in order: the result is the one-thread merge's.
+    #[test]
+    fn merging_on_every_core_gives_the_one_thread_merge((clusters, cfg, existing) in arb_case()) {
+        let snaps = snapshots(&clusters);
+        let merged = |parallel_from: usize| {
+            let mut state = MergeState::new(cfg.clone(), cluster("c0"));
+            state.set_parallel_from(parallel_from);
+            state.load(&snaps, &existing);
+            state.output()
+        };
+        prop_assert_eq!(merged(0), merged(usize::MAX));
+    }
+
     /// Every list of the plan is in its documented order: imports and slices by
     /// namespace/name, export statuses by cluster then service.
     #[test]
@@ -603,6 +617,7 @@ mod incremental {
         fn any_events_give_what_a_full_merge_of_the_final_state_gives(
             (clusters, cfg, existing) in arb_case(),
             events in prop::collection::vec(arb_event(), 1..16),
+            on_every_core in any::<bool>(),
         ) {
             let names = Interner::new();
             let mut members: Vec<Member> = (0..3).map(|_| Member::default()).collect();
@@ -614,6 +629,8 @@ mod incremental {
             }
             let c0 = cluster(0);
             let mut state = MergeState::new(cfg.clone(), c0.clone());
+            // Updates of one service on the worker pool too, where contention is an error.
+            state.set_parallel_from(if on_every_core { 0 } else { usize::MAX });
             state.load(&snapshots_of(&members, &names), &existing);
             let mut withdrawn = BTreeSet::new();
 

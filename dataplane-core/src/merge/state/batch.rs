@@ -1,12 +1,97 @@
 //! Merging one batch of services: validation, the per-service merge steps, IP allocation and
 //! the imported slices, for the services [`MergeState`] marked.
 
+use std::sync::{
+    Mutex, PoisonError,
+    atomic::{AtomicUsize, Ordering},
+};
+
 use super::*;
 use crate::lb::inputs::record_input;
+
+/// Batches of at least this many services (a full merge, a large relist) are merged on every
+/// core; smaller ones (an event's update) stay on the caller's thread, where starting threads
+/// would cost more than their merge.
+pub(crate) const PARALLEL_FROM: usize = 512;
+
+/// Runs per core of [`map_in_order`]: enough for a thread that finishes early to take over
+/// work, few enough that each run is many services.
+const RUNS_PER_CORE: usize = 4;
+
+/// `f` of each item, in order: on every core when `parallel`, else on this thread. The same
+/// `f` either way, so the result does not depend on the choice.
+///
+/// The items are cut into a few contiguous runs per core, taken by whichever thread is free
+/// (services differ in size). The threads live for this call only, so no idle thread keeps
+/// memory the allocator gave it; one that cannot be started leaves its share to the others.
+fn map_in_order<T: Send, U: Send>(
+    items: Vec<T>,
+    parallel: bool,
+    f: impl Fn(T) -> U + Sync,
+) -> Vec<U> {
+    let cores = if parallel {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        1
+    };
+    if cores < 2 || items.len() < 2 {
+        return items.into_iter().map(f).collect();
+    }
+    let per_run = items.len().div_ceil(cores * RUNS_PER_CORE);
+    let mut runs: Vec<Mutex<Vec<T>>> = Vec::with_capacity(cores * RUNS_PER_CORE);
+    let mut rest = items;
+    while rest.len() > per_run {
+        let tail = rest.split_off(per_run);
+        runs.push(Mutex::new(std::mem::replace(&mut rest, tail)));
+    }
+    runs.push(Mutex::new(rest));
+    let mapped: Vec<Mutex<Vec<U>>> = runs.iter().map(|_| Mutex::new(Vec::new())).collect();
+    let next = AtomicUsize::new(0);
+    let work = || {
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let (Some(run), Some(out)) = (runs.get(i), mapped.get(i)) else {
+                break;
+            };
+            let run = std::mem::take(&mut *run.lock().unwrap_or_else(PoisonError::into_inner));
+            *out.lock().unwrap_or_else(PoisonError::into_inner) = run.into_iter().map(&f).collect();
+        }
+    };
+    std::thread::scope(|scope| {
+        let helpers: Vec<_> = (1..cores)
+            .filter_map(|_| {
+                std::thread::Builder::new()
+                    .name("merge".into())
+                    .spawn_scoped(scope, work)
+                    .ok()
+            })
+            .collect();
+        work();
+        for helper in helpers {
+            if let Err(panic) = helper.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+    mapped
+        .into_iter()
+        .flat_map(|m| m.into_inner().unwrap_or_else(PoisonError::into_inner))
+        .collect()
+}
+
+/// A service merged up to its slice names, which are still the candidates.
+struct Unnamed {
+    statuses: Vec<ExportStatus>,
+    merged: Option<(ImportRecord, Vec<ImportedSlice>, Vec<RefusedEndpoint>)>,
+}
 
 impl MergeState {
     /// Merges the services of `batch` in order. `strict` (an update): contention is an error
     /// instead of being resolved in order.
+    ///
+    /// Everything but the two shared things (ClusterSet IPs and slice names) is a function of
+    /// one service, so the services are merged in any order (on every core for a large batch),
+    /// and then the IPs and names are handed out one service at a time, in batch order.
     pub(super) fn merge_batch(
         &mut self,
         batch: &BTreeSet<NamespacedName>,
@@ -25,8 +110,17 @@ impl MergeState {
             starved,
             names,
             port_lists,
+            parallel_from,
             ..
         } = self;
+        let parallel = batch.len() >= *parallel_from;
+        let (local_families, policy, port_lists, withdrawn, grace) = (
+            &*local_families,
+            &*policy,
+            &*port_lists,
+            &*withdrawn,
+            *grace,
+        );
         let empty = Members::new();
         // Each member's local slices, withdrawn members' left out; borrowed by the drafts.
         let inputs: Vec<(&NamespacedName, Vec<MemberInputs<'_>>)> = batch
@@ -47,59 +141,18 @@ impl MergeState {
                 (s, list)
             })
             .collect();
-        let mut statuses: Vec<Vec<ExportStatus>> = Vec::with_capacity(inputs.len());
-        let mut valid: Vec<Vec<exports::Export<'_>>> = Vec::with_capacity(inputs.len());
-        for (service, members) in &inputs {
-            let mut out = Vec::new();
-            let mut ok = Vec::new();
-            for (cluster, member, slices) in members {
-                let Some(export) = member.export.as_deref() else {
-                    continue;
-                };
-                match exports::validate(cluster, member.service.as_deref(), export, slices) {
-                    Ok(e) => ok.push(e),
-                    Err((reason, message)) => out.push(ExportStatus {
-                        cluster: (*cluster).clone(),
-                        service: (*service).clone(),
-                        conditions: conditions::invalid_export(&reason, &message),
-                    }),
-                }
-            }
-            ok.sort_by(|a, b| a.precedence().cmp(&b.precedence()));
-            statuses.push(out);
-            valid.push(ok);
-        }
-        let mut drafts: Vec<Option<Draft<'_>>> = Vec::with_capacity(inputs.len());
-        for (((service, _), exports), statuses) in inputs.iter().zip(&valid).zip(&mut statuses) {
-            if exports.is_empty() {
-                drafts.push(None);
-                continue;
-            }
-            let fams = families::merge(exports, config.ip_family_policy, local_families);
-            let contributing: Vec<&exports::Export<'_>> = exports
-                .iter()
-                .filter(|e| !fams.excluded.contains(e.cluster))
-                .collect();
-            let ports = ports::merge(&contributing);
-            let props = properties::merge(exports);
-            let conflict = conditions::conflict(exports, &fams, &ports, &props);
-            let shared = conditions::valid_export(conflict);
-            for e in exports {
-                statuses.push(ExportStatus {
-                    cluster: e.cluster.clone(),
-                    service: (*service).clone(),
-                    conditions: shared.clone(),
-                });
-            }
-            statuses.sort_by(|a, b| a.cluster.cmp(&b.cluster));
-            drafts.push(Some(Draft {
-                service,
-                contributing,
-                families: fams,
-                ports,
-                props,
-            }));
-        }
+        let validated: Vec<(Vec<ExportStatus>, Vec<exports::Export<'_>>)> =
+            map_in_order(inputs.iter().collect(), parallel, |(service, members)| {
+                validate_members(service, members)
+            });
+        let (mut statuses, valid): (Vec<_>, Vec<_>) = validated.into_iter().unzip();
+        let drafts: Vec<Option<Draft<'_>>> = map_in_order(
+            inputs.iter().zip(&valid).zip(&mut statuses).collect(),
+            parallel,
+            |(((service, _), exports), statuses)| {
+                draft(service, exports, statuses, config, local_families)
+            },
+        );
 
         let requests: Vec<ips::Request<'_>> = drafts
             .iter()
@@ -116,67 +169,160 @@ impl MergeState {
         }
         starved.extend(allocation.starved.iter().cloned());
 
-        let mut out = Vec::with_capacity(drafts.len());
-        for ((service, statuses), draft) in batch.iter().zip(statuses).zip(drafts) {
-            let Some(d) = draft else {
-                let output = (!statuses.is_empty()).then(|| ServiceOutput {
+        let unnamed: Vec<Unnamed> = map_in_order(
+            statuses.into_iter().zip(drafts).collect(),
+            parallel,
+            |(statuses, draft)| {
+                let Some(d) = draft else {
+                    return Unnamed {
+                        statuses,
+                        merged: None,
+                    };
+                };
+                let mut ready = if d.families.supported {
+                    conditions::import_ready()
+                } else {
+                    conditions::import_family_not_supported(&d.families.import, local_families)
+                };
+                let mut ips_out = Vec::new();
+                if d.needs_ips() {
+                    match allocation.ips.get(d.service) {
+                        Some(ips) => ips_out = ips.clone(),
+                        None => ready = conditions::import_no_ip(&d.families.import),
+                    }
+                }
+                let mut slices = Vec::new();
+                let mut refused = Vec::new();
+                if d.families.supported {
+                    slices::build(
+                        &d.contributing,
+                        d.service,
+                        &d.ports.merged,
+                        &d.families.import,
+                        policy,
+                        port_lists,
+                        &mut slices,
+                        &mut refused,
+                    );
+                }
+                refused.sort();
+                let mut statuses = statuses;
+                refused_conditions(&mut statuses, &refused);
+                let mut import = d.import(ips_out, ready);
+                withdrawn_note(&mut import, withdrawn, grace);
+                Unnamed {
                     statuses,
-                    ..Default::default()
-                });
-                out.push((service.clone(), output));
-                continue;
-            };
-            let mut ready = if d.families.supported {
-                conditions::import_ready()
-            } else {
-                conditions::import_family_not_supported(&d.families.import, local_families)
-            };
-            let mut ips_out = Vec::new();
-            if d.needs_ips() {
-                match allocation.ips.get(service) {
-                    Some(ips) => ips_out = ips.clone(),
-                    None => ready = conditions::import_no_ip(&d.families.import),
+                    merged: Some((import, slices, refused)),
+                }
+            },
+        );
+
+        // The shared things, in batch order: the import's IPs, then its slices' names.
+        let claim_batch = strict.then_some(batch);
+        let mut named = Vec::with_capacity(unnamed.len());
+        for (service, mut u) in batch.iter().zip(unnamed) {
+            if let Some((import, slices, _)) = &mut u.merged {
+                for ip in &import.ips {
+                    ip_owners.insert(*ip, service.clone());
+                }
+                for slice in slices {
+                    slice.name = names.claim(
+                        &service.namespace,
+                        &slice.name,
+                        &|| slices::salt(service, &slice.cluster),
+                        service,
+                        claim_batch,
+                    )?;
                 }
             }
-            for ip in &ips_out {
-                ip_owners.insert(*ip, service.clone());
-            }
-            let mut slices = Vec::new();
-            let mut refused = Vec::new();
-            if d.families.supported {
-                let batch = strict.then_some(batch);
-                slices::build(
-                    &d.contributing,
-                    service,
-                    &d.ports.merged,
-                    &d.families.import,
-                    policy,
-                    port_lists,
-                    &mut slices,
-                    &mut refused,
-                    &mut |ns, c, salt| names.claim(ns, c, salt, service, batch),
-                )?;
-            }
-            refused.sort();
-            let mut statuses = statuses;
-            refused_conditions(&mut statuses, &refused);
-            let mut import = d.import(ips_out, ready);
-            withdrawn_note(&mut import, withdrawn, *grace);
-            // Not an in-place collect: that would keep the records' buffer, 12 times the size.
-            let mut shared = Vec::with_capacity(slices.len());
-            shared.extend(slices.into_iter().map(record_input));
-            out.push((
-                service.clone(),
-                Some(ServiceOutput {
-                    import: Some(record_input(import)),
-                    slices: shared,
-                    statuses,
-                    refused,
-                }),
-            ));
+            named.push((service, u));
         }
-        Ok(out)
+
+        Ok(map_in_order(named, parallel, |(service, u)| {
+            let output = match u.merged {
+                Some((import, slices, refused)) => {
+                    // Not an in-place collect: that would keep the records' buffer, 12 times
+                    // the size.
+                    let mut shared = Vec::with_capacity(slices.len());
+                    shared.extend(slices.into_iter().map(record_input));
+                    Some(ServiceOutput {
+                        import: Some(record_input(import)),
+                        slices: shared,
+                        statuses: u.statuses,
+                        refused,
+                    })
+                }
+                None => (!u.statuses.is_empty()).then(|| ServiceOutput {
+                    statuses: u.statuses,
+                    ..Default::default()
+                }),
+            };
+            (service.clone(), output)
+        }))
     }
+}
+
+/// A service's members' exports that are valid, by precedence, and the statuses of those
+/// that are not.
+fn validate_members<'a>(
+    service: &NamespacedName,
+    members: &[MemberInputs<'a>],
+) -> (Vec<ExportStatus>, Vec<exports::Export<'a>>) {
+    let mut out = Vec::new();
+    let mut ok = Vec::new();
+    for (cluster, member, slices) in members {
+        let Some(export) = member.export.as_deref() else {
+            continue;
+        };
+        match exports::validate(cluster, member.service.as_deref(), export, slices) {
+            Ok(e) => ok.push(e),
+            Err((reason, message)) => out.push(ExportStatus {
+                cluster: (*cluster).clone(),
+                service: service.clone(),
+                conditions: conditions::invalid_export(&reason, &message),
+            }),
+        }
+    }
+    ok.sort_by(|a, b| a.precedence().cmp(&b.precedence()));
+    (out, ok)
+}
+
+/// The merge steps of one service with valid `exports` (none: `None`), whose statuses are
+/// added to `statuses`.
+fn draft<'a>(
+    service: &'a NamespacedName,
+    exports: &'a [exports::Export<'a>],
+    statuses: &mut Vec<ExportStatus>,
+    config: &ClusterSetConfig,
+    local_families: &[IpFamily],
+) -> Option<Draft<'a>> {
+    if exports.is_empty() {
+        return None;
+    }
+    let fams = families::merge(exports, config.ip_family_policy, local_families);
+    let contributing: Vec<&exports::Export<'_>> = exports
+        .iter()
+        .filter(|e| !fams.excluded.contains(e.cluster))
+        .collect();
+    let ports = ports::merge(&contributing);
+    let props = properties::merge(exports);
+    let conflict = conditions::conflict(exports, &fams, &ports, &props);
+    let shared = conditions::valid_export(conflict);
+    for e in exports {
+        statuses.push(ExportStatus {
+            cluster: e.cluster.clone(),
+            service: service.clone(),
+            conditions: shared.clone(),
+        });
+    }
+    statuses.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+    Some(Draft {
+        service,
+        contributing,
+        families: fams,
+        ports,
+        props,
+    })
 }
 
 /// Adds `EndpointsRefused` to the status of each export whose cluster has endpoints in

@@ -13,7 +13,7 @@ fn slice_names_are_unique_per_namespace_and_bounded() {
     );
     let mut claim = |ns: &Name, c: &str, salt: &str, owner: &NamespacedName| {
         let salt = salt.to_owned();
-        n.claim(ns, c, &move || salt.clone(), owner, None)
+        n.claim(ns, &Name::from(c), &move || salt.clone(), owner, None)
             .expect("a full merge never meets contention")
     };
     let a = claim(&ns, "web-a-b-ipv4", "ns/web/a-b", &web);
@@ -38,16 +38,17 @@ fn an_update_meets_contention_where_the_order_decides() {
         NamespacedName::new("ns", "b"),
     );
     let salt = || "s".to_owned();
+    let name = Name::from("n");
     // b holds the name; a, earlier in order and updated alone, would get it in a full merge.
-    n.claim(&ns, "n", &salt, &b, None).expect("free");
+    n.claim(&ns, &name, &salt, &b, None).expect("free");
     let batch = BTreeSet::from([a.clone()]);
-    assert!(n.claim(&ns, "n", &salt, &a, Some(&batch)).is_err());
+    assert!(n.claim(&ns, &name, &salt, &a, Some(&batch)).is_err());
     // b, later in order, gets a hashed name while a holds it, and a's release is contended.
     let mut n = SliceNames::default();
-    n.claim(&ns, "n", &salt, &a, None).expect("free");
+    n.claim(&ns, &name, &salt, &a, None).expect("free");
     let batch = BTreeSet::from([b.clone()]);
     let hashed = n
-        .claim(&ns, "n", &salt, &b, Some(&batch))
+        .claim(&ns, &name, &salt, &b, Some(&batch))
         .expect("in order");
     assert_ne!(&*hashed, "n");
 }
