@@ -131,6 +131,19 @@ type ServiceMembers = hashbrown::HashMap<NamespacedName, Members, foldhash::fast
 /// while its endpoints are withdrawn.
 type MemberInputs<'a> = (&'a ClusterId, &'a Member, &'a [Arc<LocalSlice>]);
 
+/// The member `cluster` of `service` in `services`, filed empty if it is not there.
+fn member_of<'m>(
+    services: &'m mut ServiceMembers,
+    service: &NamespacedName,
+    cluster: &ClusterId,
+) -> &'m mut Member {
+    services
+        .entry_ref(service)
+        .or_default()
+        .entry(cluster.clone())
+        .or_default()
+}
+
 /// The order of a shared resource (an IP, a slice name) matters for this change: only a full
 /// merge gives it out as the full merge does.
 #[derive(Debug)]
@@ -166,8 +179,10 @@ pub struct MergeState {
     port_lists_purged_at: usize,
     /// Duplicates found by the last [`MergeState::load`].
     load_diagnostics: Vec<Diagnostic>,
-    /// Batches of this many services or more are merged on every core.
+    /// Batches of this many services or more are merged on several threads.
     parallel_from: usize,
+    /// How many: one per core unless set (tests).
+    threads: Option<usize>,
 }
 
 impl MergeState {
@@ -190,6 +205,7 @@ impl MergeState {
             port_lists_purged_at: 0,
             load_diagnostics: Vec::new(),
             parallel_from: batch::PARALLEL_FROM,
+            threads: None,
         }
     }
 
@@ -198,11 +214,12 @@ impl MergeState {
         self.grace = grace;
     }
 
-    /// Merges batches of `services` or more on every core (tests use it to take either path
-    /// with small inputs).
+    /// Merges batches of `services` or more on `threads` threads (tests use it to take either
+    /// path with small inputs, on any machine).
     #[cfg(test)]
-    pub(crate) fn set_parallel_from(&mut self, services: usize) {
+    pub(crate) fn set_parallel(&mut self, services: usize, threads: usize) {
         self.parallel_from = services;
+        self.threads = Some(threads);
     }
 
     /// Sets which endpoints may be imported (by default [`AddressPolicy::for_cidrs`] of the
@@ -233,11 +250,10 @@ impl MergeState {
         let mut diagnostics = Vec::new();
         self.services.clear();
         self.filed_slices.clear();
-        // Filed straight under their service (one pass, no index per cluster first); a
+        // Services and exports filed straight under their service, slices by id first; a
         // second definition of an object in a cluster is reported and the smaller one kept,
         // so the choice does not depend on the input order.
         let mut seen = BTreeSet::new();
-        let mut unlabelled: Vec<(&ClusterId, &Arc<LocalSlice>)> = Vec::new();
         for snap in snapshots {
             let cluster = &snap.cluster;
             if !seen.insert(cluster) {
@@ -262,14 +278,12 @@ impl MergeState {
                     diagnostics.push(dup("ServiceExport", &se.id));
                 }
             }
+            // A slice id once per cluster, whatever its label: a second definition (under
+            // another service, or without a label) is a duplicate too, or the two would be
+            // filed in two places and a delete would find only one.
+            let filed = self.filed_slices.entry(cluster.clone()).or_default();
             for slice in &snap.endpoint_slices {
-                let Some(service) = slice.service_id() else {
-                    unlabelled.push((cluster, slice));
-                    continue;
-                };
-                let list = &mut self.member(&service, cluster).slices;
-                // Same namespace (part of the key), so the name identifies the slice.
-                match list.iter_mut().find(|s| s.id.name == slice.id.name) {
+                match filed.get_mut(&slice.id) {
                     Some(existing) => {
                         diagnostics.push(dup("EndpointSlice", &slice.id));
                         // Slices are not ordered: the smallest debug text, only for duplicates.
@@ -277,26 +291,29 @@ impl MergeState {
                             *existing = Arc::clone(slice);
                         }
                     }
-                    None => list.push(Arc::clone(slice)),
+                    None => {
+                        filed.insert(Arc::clone(slice));
+                    }
                 }
             }
-            self.filed_slices.entry(cluster.clone()).or_default();
         }
-        for members in self.services.values_mut() {
-            for (cluster, member) in members.iter_mut() {
+        let MergeState {
+            services,
+            filed_slices,
+            ..
+        } = self;
+        for (cluster, filed) in filed_slices.iter() {
+            for slice in filed.iter() {
+                if let Some(service) = slice.service_id() {
+                    member_of(services, &service, cluster)
+                        .slices
+                        .push(Arc::clone(slice));
+                }
+            }
+        }
+        for members in services.values_mut() {
+            for (_, member) in members.iter_mut() {
                 member.slices.sort_by(|a, b| a.id.name.cmp(&b.id.name));
-                // Every cluster of a snapshot has its entry (above).
-                let Some(filed) = self.filed_slices.get_mut(cluster) else {
-                    continue;
-                };
-                for s in &member.slices {
-                    filed.insert(Arc::clone(s));
-                }
-            }
-        }
-        for (cluster, slice) in unlabelled {
-            if let Some(filed) = self.filed_slices.get_mut(cluster) {
-                filed.insert(Arc::clone(slice));
             }
         }
         self.load_diagnostics = diagnostics;
@@ -314,11 +331,7 @@ impl MergeState {
     }
 
     fn member(&mut self, service: &NamespacedName, cluster: &ClusterId) -> &mut Member {
-        self.services
-            .entry_ref(service)
-            .or_default()
-            .entry(cluster.clone())
-            .or_default()
+        member_of(&mut self.services, service, cluster)
     }
 
     /// Files a member's change, adding the services whose inputs changed to `dirty`.

@@ -323,7 +323,7 @@ proptest! {
         let snaps = snapshots(&clusters);
         let merged = |parallel_from: usize| {
             let mut state = MergeState::new(cfg.clone(), cluster("c0"));
-            state.set_parallel_from(parallel_from);
+            state.set_parallel(parallel_from, 3);
             state.load(&snaps, &existing);
             state.output()
         };
@@ -629,8 +629,8 @@ mod incremental {
             }
             let c0 = cluster(0);
             let mut state = MergeState::new(cfg.clone(), c0.clone());
-            // Updates of one service on the worker pool too, where contention is an error.
-            state.set_parallel_from(if on_every_core { 0 } else { usize::MAX });
+            // Updates of two services or more on threads too, where contention is an error.
+            state.set_parallel(if on_every_core { 0 } else { usize::MAX }, 3);
             state.load(&snapshots_of(&members, &names), &existing);
             let mut withdrawn = BTreeSet::new();
 

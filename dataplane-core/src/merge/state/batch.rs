@@ -14,37 +14,37 @@ use crate::lb::inputs::record_input;
 /// would cost more than their merge.
 pub(crate) const PARALLEL_FROM: usize = 512;
 
-/// Runs per core of [`map_in_order`]: enough for a thread that finishes early to take over
+/// Runs per thread of [`map_in_order`]: enough for a thread that finishes early to take over
 /// work, few enough that each run is many services.
-const RUNS_PER_CORE: usize = 4;
+const RUNS_PER_THREAD: usize = 4;
 
-/// `f` of each item, in order: on every core when `parallel`, else on this thread. The same
-/// `f` either way, so the result does not depend on the choice.
+/// `f` of each item, in order: on `threads` threads (this one and `threads - 1` more), or all
+/// on this thread when `threads` is 1. The same `f` either way, so the result does not depend
+/// on the choice.
 ///
-/// The items are cut into a few contiguous runs per core, taken by whichever thread is free
+/// The items are cut into a few contiguous runs per thread, taken by whichever thread is free
 /// (services differ in size). The threads live for this call only, so no idle thread keeps
 /// memory the allocator gave it; one that cannot be started leaves its share to the others.
 fn map_in_order<T: Send, U: Send>(
     items: Vec<T>,
-    parallel: bool,
+    threads: usize,
     f: impl Fn(T) -> U + Sync,
 ) -> Vec<U> {
-    let cores = if parallel {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    } else {
-        1
-    };
-    if cores < 2 || items.len() < 2 {
+    if threads < 2 || items.len() < 2 {
         return items.into_iter().map(f).collect();
     }
-    let per_run = items.len().div_ceil(cores * RUNS_PER_CORE);
-    let mut runs: Vec<Mutex<Vec<T>>> = Vec::with_capacity(cores * RUNS_PER_CORE);
-    let mut rest = items;
-    while rest.len() > per_run {
-        let tail = rest.split_off(per_run);
-        runs.push(Mutex::new(std::mem::replace(&mut rest, tail)));
+    let len = items.len();
+    let per_run = len.div_ceil(threads * RUNS_PER_THREAD);
+    let mut runs: Vec<Mutex<Vec<T>>> = Vec::with_capacity(threads * RUNS_PER_THREAD);
+    let mut items = items.into_iter();
+    loop {
+        // Moved once each: no run is split off a copy of the rest.
+        let run: Vec<T> = items.by_ref().take(per_run).collect();
+        if run.is_empty() {
+            break;
+        }
+        runs.push(Mutex::new(run));
     }
-    runs.push(Mutex::new(rest));
     let mapped: Vec<Mutex<Vec<U>>> = runs.iter().map(|_| Mutex::new(Vec::new())).collect();
     let next = AtomicUsize::new(0);
     let work = || {
@@ -54,11 +54,12 @@ fn map_in_order<T: Send, U: Send>(
                 break;
             };
             let run = std::mem::take(&mut *run.lock().unwrap_or_else(PoisonError::into_inner));
-            *out.lock().unwrap_or_else(PoisonError::into_inner) = run.into_iter().map(&f).collect();
+            let done: Vec<U> = run.into_iter().map(&f).collect();
+            *out.lock().unwrap_or_else(PoisonError::into_inner) = done;
         }
     };
     std::thread::scope(|scope| {
-        let helpers: Vec<_> = (1..cores)
+        let helpers: Vec<_> = (1..threads.min(runs.len()))
             .filter_map(|_| {
                 std::thread::Builder::new()
                     .name("merge".into())
@@ -73,10 +74,11 @@ fn map_in_order<T: Send, U: Send>(
             }
         }
     });
-    mapped
-        .into_iter()
-        .flat_map(|m| m.into_inner().unwrap_or_else(PoisonError::into_inner))
-        .collect()
+    let mut out = Vec::with_capacity(len);
+    for m in mapped {
+        out.extend(m.into_inner().unwrap_or_else(PoisonError::into_inner));
+    }
+    out
 }
 
 /// A service merged up to its slice names, which are still the candidates.
@@ -111,9 +113,14 @@ impl MergeState {
             names,
             port_lists,
             parallel_from,
+            threads,
             ..
         } = self;
-        let parallel = batch.len() >= *parallel_from;
+        let threads = if batch.len() >= *parallel_from {
+            threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        } else {
+            1
+        };
         let (local_families, policy, port_lists, withdrawn, grace) = (
             &*local_families,
             &*policy,
@@ -142,13 +149,13 @@ impl MergeState {
             })
             .collect();
         let validated: Vec<(Vec<ExportStatus>, Vec<exports::Export<'_>>)> =
-            map_in_order(inputs.iter().collect(), parallel, |(service, members)| {
+            map_in_order(inputs.iter().collect(), threads, |(service, members)| {
                 validate_members(service, members)
             });
         let (mut statuses, valid): (Vec<_>, Vec<_>) = validated.into_iter().unzip();
         let drafts: Vec<Option<Draft<'_>>> = map_in_order(
             inputs.iter().zip(&valid).zip(&mut statuses).collect(),
-            parallel,
+            threads,
             |(((service, _), exports), statuses)| {
                 draft(service, exports, statuses, config, local_families)
             },
@@ -171,7 +178,7 @@ impl MergeState {
 
         let unnamed: Vec<Unnamed> = map_in_order(
             statuses.into_iter().zip(drafts).collect(),
-            parallel,
+            threads,
             |(statuses, draft)| {
                 let Some(d) = draft else {
                     return Unnamed {
@@ -238,7 +245,7 @@ impl MergeState {
             named.push((service, u));
         }
 
-        Ok(map_in_order(named, parallel, |(service, u)| {
+        Ok(map_in_order(named, threads, |(service, u)| {
             let output = match u.merged {
                 Some((import, slices, refused)) => {
                     // Not an in-place collect: that would keep the records' buffer, 12 times

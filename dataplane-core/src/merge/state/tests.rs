@@ -117,6 +117,46 @@ fn slice_names(out: &MergeOutput) -> Vec<(String, String)> {
         .collect()
 }
 
+/// On threads too, a contended slice name goes by service order: `webN` of cluster `a-b`
+/// and `webN-a` of cluster `b` both want `webN-a-b-ipv4`, for 40 pairs (so the threads' runs
+/// cut between them), and `webN` comes first.
+#[test]
+fn threads_hand_out_contended_slice_names_in_service_order() {
+    let names = Interner::new();
+    let changes: Vec<MemberChange> = (0..40)
+        .flat_map(|i| {
+            exporting("a-b", &format!("web{i}"), &names)
+                .into_iter()
+                .chain(exporting("b", &format!("web{i}-a"), &names))
+        })
+        .collect();
+    let merged = |threads: usize| {
+        let mut state = MergeState::new(
+            ClusterSetConfig::default(),
+            ClusterId::new("a").expect("id"),
+        );
+        state.set_parallel(0, threads);
+        apply_all(&mut state, changes.clone());
+        state.output()
+    };
+    let one_thread = merged(1);
+    let got = slice_names(&one_thread);
+    assert_eq!(got.len(), 80);
+    for i in 0..40 {
+        let plain = format!("web{i}-a-b-ipv4");
+        let of = |service: String| {
+            got.iter()
+                .find(|(s, _)| *s == service)
+                .map(|(_, n)| n.clone())
+                .expect("a slice of every service")
+        };
+        assert_eq!(of(format!("web{i}")), plain);
+        let hashed = of(format!("web{i}-a"));
+        assert!(hashed.starts_with(&format!("{plain}-")), "{hashed}");
+    }
+    assert_eq!(merged(4), one_thread);
+}
+
 /// `web` of cluster `a-b` and `web-a` of cluster `b` both want the slice name
 /// `web-a-b-ipv4`; `web` comes first in order and gets it, whichever arrived first, and
 /// `web-a` gets it back when `web` goes away.
@@ -391,4 +431,50 @@ fn taking_back_the_replaced_states_records_frees_this_states_port_lists() {
     let web = NamespacedName::new("ns", "web");
     assert_same_records(old.service(&web).unwrap(), new.service(&web).unwrap());
     assert_eq!(new.port_lists.port_list_count(), 0);
+}
+
+/// A slice id defined twice in one cluster, for two services: reported once, filed under one
+/// service only (the smaller definition), and gone from every service when it is deleted.
+#[test]
+fn a_slice_id_given_twice_for_two_services_is_one_slice() {
+    let names = Interner::new();
+    let c = ClusterId::new("c1").expect("id");
+    let mut snap = ClusterSnapshot::empty(c.clone());
+    for change in exporting("c1", "web", &names)
+        .into_iter()
+        .chain(exporting("c1", "api", &names))
+    {
+        match change {
+            MemberChange::Service(_, s) => snap.services.push(s),
+            MemberChange::Export(_, e) => snap.service_exports.push(e),
+            _ => {}
+        }
+    }
+    for (service, ip) in [("web", "10.0.0.1"), ("api", "10.0.0.2")] {
+        let slice: crate::model::EndpointSlice = serde_yaml::from_str(&format!(
+            "metadata: {{name: shared, namespace: ns, labels: {{kubernetes.io/service-name: {service}}}}}\n\
+             addressType: IPv4\nports: [{{name: http, port: 8080}}]\nendpoints: [{{addresses: [\"{ip}\"]}}]"
+        ))
+        .expect("yaml");
+        snap.endpoint_slices
+            .push(Arc::new(LocalSlice::from_k8s(&slice, &names)));
+    }
+    let mut state = MergeState::new(ClusterSetConfig::default(), c.clone());
+    state.load(&[snap], &[]);
+    let duplicates: Vec<String> = state
+        .diagnostics()
+        .into_iter()
+        .filter(|d| d.message == crate::merge::DUPLICATE)
+        .map(|d| d.object)
+        .collect();
+    assert_eq!(duplicates, ["EndpointSlice ns/shared"]);
+    let imported = state.output().endpoint_slices;
+    assert_eq!(imported.len(), 1, "{imported:?}");
+    let mut dirty = BTreeSet::new();
+    state.apply(
+        MemberChange::SliceDeleted(c, NamespacedName::new("ns", "shared")),
+        &mut dirty,
+    );
+    state.update(&dirty);
+    assert_eq!(state.output().endpoint_slices, []);
 }
