@@ -64,6 +64,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     identity: args.identity.clone().unwrap_or_else(cli::hostname),
                     lease_namespace: args.lease_namespace.clone(),
                     metrics_address: args.metrics_address,
+                    frontend_metrics: args.frontend_metrics,
                     health_address: args.health_address,
                     dns: args.dns.options(),
                     policy: args.addresses.policy(&config.clusterset.cidrs),

@@ -283,6 +283,8 @@ fn node_role_follows_imported_slices_from_the_api() {
         &telemetry[1],
         &telemetry[2],
         &telemetry[3],
+        // The per-frontend counters are read below.
+        "--frontend-metrics",
     ];
     let mut agent = Agent::start_with_env(
         &topo,

@@ -126,6 +126,8 @@ pub struct KubeModeOptions {
     pub lease_namespace: String,
     /// Where `/metrics` is served.
     pub metrics_address: SocketAddr,
+    /// Whether `/metrics` has the per-frontend counters.
+    pub frontend_metrics: bool,
     /// Where `/healthz` and `/readyz` are served (the same listener when equal to
     /// `metrics_address`).
     pub health_address: SocketAddr,
@@ -453,7 +455,10 @@ pub async fn run(
     let (local, members) = connect(&config, &config_dir, !roles.controller()).await?;
     info!(local = %local, members = members.len(), identity = %options.identity, ?roles, "kubernetes mode");
     // A controller-only agent has no maps to report.
-    let metrics = Arc::new(Metrics::new(roles.node().then(|| loader.pin_dir.clone())));
+    let metrics = Arc::new(Metrics::new(
+        roles.node().then(|| loader.pin_dir.clone()),
+        options.frontend_metrics,
+    ));
     let health = Arc::new(Health::default());
     let telemetry = serve_telemetry(
         options.metrics_address,

@@ -2,7 +2,7 @@
 //!
 //! | metric | type | labels | what |
 //! |---|---|---|---|
-//! | `mcs_frontend_translations_total` | counter | namespace, name, port_name, ip, port, protocol | connects/datagrams sent to a backend (from the map counters) |
+//! | `mcs_frontend_translations_total` | counter | namespace, name, port_name, ip, port, protocol | connects/datagrams sent to a backend (from the map counters; these three only with `--frontend-metrics`) |
 //! | `mcs_frontend_rejects_total` | counter | same | connects refused (undeclared port, no backend) |
 //! | `mcs_frontend_affinity_hits_total` | counter | same | session-affinity hits |
 //! | `mcs_map_entries` / `mcs_map_capacity` | gauge | map | entries in use and `max_entries` of each pinned map |
@@ -118,19 +118,29 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self::new(None)
+        Self::new(None, false)
     }
 }
 
 impl Metrics {
-    /// The metrics; with `pin_dir`, the frontend counters and map fill of the dataplane pinned
-    /// there, from snapshots of its maps (see the module documentation).
-    pub fn new(pin_dir: Option<PathBuf>) -> Self {
-        Self::with_maps(pin_dir.map(|pin_dir| Box::new(PinnedMaps { pin_dir }) as _))
+    /// The metrics; with `pin_dir`, the map fill of the dataplane pinned there, and with
+    /// `frontend_series` its frontend counters too, from snapshots of its maps (see the module
+    /// documentation).
+    pub fn new(pin_dir: Option<PathBuf>, frontend_series: bool) -> Self {
+        Self::with_maps(
+            pin_dir.map(|pin_dir| {
+                Box::new(PinnedMaps {
+                    pin_dir,
+                    frontend_rows: frontend_series,
+                }) as _
+            }),
+            frontend_series,
+        )
     }
 
-    /// The metrics, with the frontend and map metrics from snapshots of `maps`.
-    pub fn with_maps(maps: Option<Box<dyn MapSource>>) -> Self {
+    /// The metrics, with the map metrics from snapshots of `maps`, and the frontend counters
+    /// with `frontend_series`.
+    pub fn with_maps(maps: Option<Box<dyn MapSource>>, frontend_series: bool) -> Self {
         let maps = maps.map(|source| Arc::new(MapSnapshot::new(source)));
         let mut registry = Registry::default();
         let seconds = || Histogram::new(exponential_buckets(0.0005, 2.0, 16));
@@ -208,7 +218,10 @@ impl Metrics {
             m.refused_addresses.clone(),
         );
         if let Some(snapshot) = maps {
-            registry.register_collector(Box::new(MapCollector { snapshot }));
+            registry.register_collector(Box::new(MapCollector {
+                snapshot,
+                frontend_series,
+            }));
         }
         Metrics { registry, ..m }
     }
@@ -433,6 +446,8 @@ pub struct MapReading {
 #[derive(Debug)]
 struct PinnedMaps {
     pin_dir: PathBuf,
+    /// Whether readings keep a row per frontend (3 MB at 30,000 frontends).
+    frontend_rows: bool,
 }
 
 impl MapSource for PinnedMaps {
@@ -450,7 +465,11 @@ impl MapSource for PinnedMaps {
             })
             .ok()?;
         let capacities = maps.capacities();
-        let frontends = frontend_metrics(&read.contents, &read.labels);
+        let frontends = if self.frontend_rows {
+            frontend_metrics(&read.contents, &read.labels)
+        } else {
+            Vec::new()
+        };
         let maps = MapKind::ALL
             .iter()
             .map(|&kind| {
@@ -499,6 +518,8 @@ impl MapSnapshot {
 #[derive(Debug)]
 struct MapCollector {
     snapshot: Arc<MapSnapshot>,
+    /// Whether scrapes have the per-frontend counters.
+    frontend_series: bool,
 }
 
 impl Collector for MapCollector {
@@ -530,7 +551,7 @@ impl Collector for MapCollector {
                 |r| r.counters.affinity_hits,
             ),
         ];
-        for (name, help, pick) in counters {
+        for (name, help, pick) in counters.into_iter().filter(|_| self.frontend_series) {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
             for (row, labels) in reading.frontends.iter().zip(&labels) {
                 ConstCounter::new(pick(row)).encode(family.encode_family(labels)?)?;
@@ -565,7 +586,7 @@ mod tests {
 
     #[test]
     fn text_exposition_has_the_metrics() {
-        let m = Metrics::new(None);
+        let m = Metrics::new(None, false);
         m.write("ServiceImport", "apply", true);
         m.write("ServiceImport", "apply", true);
         m.write("EndpointSlice", "delete", false);
@@ -633,7 +654,7 @@ mod tests {
     fn scrapes_encode_the_snapshot_and_never_read_the_maps() {
         use std::sync::atomic::Ordering::SeqCst;
         let fake = Arc::new(FakeMaps::default());
-        let m = Metrics::with_maps(Some(Box::new(Shared(fake.clone()))));
+        let m = Metrics::with_maps(Some(Box::new(Shared(fake.clone()))), true);
         // No snapshot yet: no map metrics, and the scrape did not read the maps for one.
         assert!(!m.encode().contains("mcs_map_entries"));
         assert_eq!(reads(&fake), 0);
@@ -659,10 +680,28 @@ mod tests {
         assert_eq!(reads(&fake), 2);
     }
 
+    /// Without `--frontend-metrics` a scrape has the maps' fill but no per-frontend series.
+    #[test]
+    fn frontend_series_are_left_out_unless_asked_for() {
+        let fake = Arc::new(FakeMaps::default());
+        let m = Metrics::with_maps(Some(Box::new(Shared(fake.clone()))), false);
+        m.refresh_maps();
+        let text = m.encode();
+        assert!(
+            text.lines()
+                .any(|l| l == "mcs_map_entries{map=\"mcs_frontends4\"} 1"),
+            "{text}"
+        );
+        assert!(!text.contains("mcs_frontend_"), "{text}");
+    }
+
     #[tokio::test]
     async fn a_sync_makes_the_refresher_take_a_new_snapshot() {
         let fake = Arc::new(FakeMaps::default());
-        let m = Arc::new(Metrics::with_maps(Some(Box::new(Shared(fake.clone())))));
+        let m = Arc::new(Metrics::with_maps(
+            Some(Box::new(Shared(fake.clone()))),
+            true,
+        ));
         // Far away: only the start and the sync below can cause a read.
         let task = tokio::spawn(m.clone().refresh_maps_forever(Duration::from_secs(3600)));
         let wait_for = |n: usize| {

@@ -158,7 +158,10 @@ mod tests {
 
     #[tokio::test]
     async fn probes_follow_the_health_state() {
-        let (m, h) = (Arc::new(Metrics::new(None)), Arc::new(Health::default()));
+        let (m, h) = (
+            Arc::new(Metrics::new(None, false)),
+            Arc::new(Health::default()),
+        );
         let both = Endpoints {
             metrics: Some(m),
             health: Some(h.clone()),
@@ -211,7 +214,10 @@ mod tests {
 
     #[tokio::test]
     async fn health_and_metrics_answer_on_their_own_listeners() {
-        let (m, h) = (Arc::new(Metrics::new(None)), Arc::new(Health::default()));
+        let (m, h) = (
+            Arc::new(Metrics::new(None, false)),
+            Arc::new(Health::default()),
+        );
         let localhost = SocketAddr::from(([127, 0, 0, 1], 0));
         let (metrics_listener, metrics_addr) = bind(localhost).await.expect("bind");
         let (health_listener, health_addr) = bind(localhost).await.expect("bind");
