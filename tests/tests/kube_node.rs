@@ -476,7 +476,7 @@ fn node_only_role_routes_seeded_imports() {
     )
     .expect("write");
     let config = dir.join("clusterset.yaml");
-    let (_, health_port, telemetry) = telemetry_args();
+    let (metrics_port, health_port, telemetry) = telemetry_args();
     let args = [
         "run",
         "--config",
@@ -499,6 +499,24 @@ fn node_only_role_routes_seeded_imports() {
     )
     .expect("seeded slices routed");
     wait_backends(&mut agent, vip2, 80, &set(&[])).expect("api refuses");
+    // Without --frontend-metrics: the maps' fill, no per-frontend series. The names are only
+    // counted then, one per frontend entry as when they are read.
+    let entries = |metrics: &str, map: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("mcs_map_entries{{map=\"{map}\"}}")))
+            .and_then(value)
+    };
+    let metrics = wait_http_until(
+        &mut agent,
+        metrics_port,
+        "/metrics",
+        "both VIPs' frontends in mcs_map_entries",
+        |code, body| code == 200 && entries(body, "MCS_FE4") == Some(4),
+    )
+    .expect("metrics");
+    assert_eq!(entries(&metrics, "MCS_FE_NAMES"), Some(4), "{metrics}");
+    assert!(!metrics.contains("mcs_frontend_"), "{metrics}");
 
     put_imported_slice(&api, "web-east", "web", "east", &["10.9.0.1", "10.9.0.2"]);
     wait_backends(

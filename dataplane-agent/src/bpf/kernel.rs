@@ -196,6 +196,19 @@ fn collect<K: aya::Pod + Ord, V: aya::Pod>(
     Ok(out)
 }
 
+/// How many keys a walk of the map `name` meets (`keys`).
+fn count_keys<K>(
+    keys: impl Iterator<Item = Result<K, MapError>>,
+    name: &'static str,
+) -> Result<usize, KernelMapError> {
+    let mut n = 0;
+    for key in keys {
+        key.map_err(|source| KernelMapError::Read { name, source })?;
+        n += 1;
+    }
+    Ok(n)
+}
+
 /// What [`KernelMaps::read_for_metrics`] reads.
 #[derive(Debug)]
 pub struct MetricsRead<L> {
@@ -324,18 +337,28 @@ impl KernelMaps {
         Ok(contents)
     }
 
-    /// What the metrics encode: the frontends, each name as `label` makes it of its
-    /// `MCS_FE_NAMES` entry (by frontend id), their counters, and how many entries the name and
-    /// affinity-match maps hold. No slot, affinity match or whole name is kept: at 10,000
-    /// services the slots alone are a million entries, the names 30,000 of ~380 bytes, and the
-    /// metrics are read every few seconds. The names are read right after the frontends (an
-    /// id freed and reused in between would label the old entry with the new name until the
-    /// next reading).
+    /// What the metrics encode: the frontends, and how many entries the name and
+    /// affinity-match maps hold; with a `label`, also each frontend's name as `label` makes it
+    /// of its `MCS_FE_NAMES` entry (by frontend id) and its counters (without, the names are
+    /// only counted and the counters not read). No slot, affinity match or whole name is
+    /// kept: at 10,000 services the slots alone are a million entries, the names 30,000 of
+    /// ~380 bytes, and the metrics are read every few seconds. The names are read right after
+    /// the frontends (an id freed and reused in between would label the old entry with the
+    /// new name until the next reading).
     pub fn read_for_metrics<L>(
         &self,
-        mut label: impl FnMut(&FrontendName) -> L,
+        label: Option<impl FnMut(&FrontendName) -> L>,
     ) -> Result<MetricsRead<L>, KernelMapError> {
         let mut contents = self.read_frontends()?;
+        let Some(mut label) = label else {
+            let names = count_keys(self.names.keys(), map_names::FRONTEND_NAMES)?;
+            return Ok(MetricsRead {
+                contents,
+                labels: BTreeMap::new(),
+                names,
+                affinity_matches: self.count_affinity_matches()?,
+            });
+        };
         // By id: a walk that meets a deletion starts over, and the map keeps each id once.
         let mut labels = BTreeMap::new();
         for entry in self.names.iter() {
@@ -354,22 +377,19 @@ impl KernelMaps {
             }
         }
         self.read_counters(&mut contents)?;
-        // Up to 2 million keys: counted, and capped, rather than collected.
-        let mut affinity_matches = 0;
-        for key in self.affinity_match.keys() {
-            key.map_err(|source| KernelMapError::Read {
-                name: map_names::AFFINITY_MATCH,
-                source,
-            })?;
-            affinity_matches += 1;
-        }
         Ok(MetricsRead {
             contents,
             names: labels.len(),
             labels,
-            affinity_matches: affinity_matches
-                .min(self.capacities().of(MapKind::AffinityMatch) as usize),
+            affinity_matches: self.count_affinity_matches()?,
         })
+    }
+
+    /// The entries of the affinity-match map: up to 2 million keys, counted (and capped at
+    /// its capacity) rather than collected.
+    fn count_affinity_matches(&self) -> Result<usize, KernelMapError> {
+        let n = count_keys(self.affinity_match.keys(), map_names::AFFINITY_MATCH)?;
+        Ok(n.min(self.capacities().of(MapKind::AffinityMatch) as usize))
     }
 
     /// Adds each frontend's counters, summed over CPUs, where any is non-zero.

@@ -456,14 +456,14 @@ impl MapSource for PinnedMaps {
         // The names are shared by a service's frontends.
         let names = Interner::new();
         let name = |bytes: &[u8]| names.intern(&name_from_bytes(bytes));
-        let read = maps
-            .read_for_metrics(|n: &FrontendName| {
-                (
-                    NamespacedName::new(name(&n.namespace), name(&n.name)),
-                    name(&n.port_name),
-                )
-            })
-            .ok()?;
+        // Without frontend rows, neither names nor counters are read.
+        let label = self.frontend_rows.then_some(|n: &FrontendName| {
+            (
+                NamespacedName::new(name(&n.namespace), name(&n.name)),
+                name(&n.port_name),
+            )
+        });
+        let read = maps.read_for_metrics(label).ok()?;
         let capacities = maps.capacities();
         let frontends = if self.frontend_rows {
             frontend_metrics(&read.contents, &read.labels)
