@@ -257,9 +257,9 @@ pub struct RunArgs {
         conflicts_with = "clusterset_dir"
     )]
     pub metrics_address: std::net::SocketAddr,
-    /// Kubernetes mode: also export the per-frontend counters (`mcs_frontend_*`: three series
-    /// per service port and per ClusterSet IP, on every node). Off by default: at 10,000
-    /// services that is 90,000 series per node, and 3 MiB of each node's memory;
+    /// Kubernetes mode, node role: also export the per-frontend counters (`mcs_frontend_*`:
+    /// three series per service port and per ClusterSet IP, on every node). Off by default: at
+    /// 10,000 services that is 90,000 series per node, and 3-6 MiB of each node's memory;
     /// `dataplane-agent inspect` shows the same counters.
     #[arg(long, env = "MCS_FRONTEND_METRICS", conflicts_with = "clusterset_dir")]
     pub frontend_metrics: bool,

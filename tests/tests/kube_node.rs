@@ -516,6 +516,7 @@ fn node_only_role_routes_seeded_imports() {
     )
     .expect("metrics");
     assert_eq!(entries(&metrics, "MCS_FE_NAMES"), Some(4), "{metrics}");
+    assert_eq!(entries(&metrics, "MCS_COUNTERS"), Some(4), "{metrics}");
     assert!(!metrics.contains("mcs_frontend_"), "{metrics}");
 
     put_imported_slice(&api, "web-east", "web", "east", &["10.9.0.1", "10.9.0.2"]);

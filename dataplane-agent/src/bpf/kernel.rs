@@ -196,24 +196,11 @@ fn collect<K: aya::Pod + Ord, V: aya::Pod>(
     Ok(out)
 }
 
-/// How many keys a walk of the map `name` meets (`keys`).
-fn count_keys<K>(
-    keys: impl Iterator<Item = Result<K, MapError>>,
-    name: &'static str,
-) -> Result<usize, KernelMapError> {
-    let mut n = 0;
-    for key in keys {
-        key.map_err(|source| KernelMapError::Read { name, source })?;
-        n += 1;
-    }
-    Ok(n)
-}
-
 /// What [`KernelMaps::read_for_metrics`] reads.
 #[derive(Debug)]
 pub struct MetricsRead<L> {
-    /// The frontends, their counters and the cluster names (no slots, names or affinity
-    /// matches).
+    /// The frontends, their counters (only when labels were asked for) and the cluster names
+    /// (no slots, names or affinity matches).
     pub contents: MapContents,
     /// Each named frontend's label, by frontend id.
     pub labels: BTreeMap<u32, L>,
@@ -351,7 +338,17 @@ impl KernelMaps {
     ) -> Result<MetricsRead<L>, KernelMapError> {
         let mut contents = self.read_frontends()?;
         let Some(mut label) = label else {
-            let names = count_keys(self.names.keys(), map_names::FRONTEND_NAMES)?;
+            // By id, as below: a walk that meets a deletion starts over.
+            let mut ids = Vec::new();
+            for key in self.names.keys() {
+                ids.push(key.map_err(|source| KernelMapError::Read {
+                    name: map_names::FRONTEND_NAMES,
+                    source,
+                })?);
+            }
+            ids.sort_unstable();
+            ids.dedup();
+            let names = ids.len();
             return Ok(MetricsRead {
                 contents,
                 labels: BTreeMap::new(),
@@ -388,7 +385,14 @@ impl KernelMaps {
     /// The entries of the affinity-match map: up to 2 million keys, counted (and capped at
     /// its capacity) rather than collected.
     fn count_affinity_matches(&self) -> Result<usize, KernelMapError> {
-        let n = count_keys(self.affinity_match.keys(), map_names::AFFINITY_MATCH)?;
+        let mut n = 0;
+        for key in self.affinity_match.keys() {
+            key.map_err(|source| KernelMapError::Read {
+                name: map_names::AFFINITY_MATCH,
+                source,
+            })?;
+            n += 1;
+        }
         Ok(n.min(self.capacities().of(MapKind::AffinityMatch) as usize))
     }
 

@@ -476,6 +476,8 @@ impl MapSource for PinnedMaps {
                 let used = match kind {
                     MapKind::AffinityMatch => read.affinity_matches,
                     MapKind::FrontendNames => read.names,
+                    // A row per frontend id in use, whether its counters were read or not.
+                    MapKind::Counters => read.contents.frontends().count(),
                     _ => read.contents.len(kind),
                 };
                 (kind.map_name(), used as i64, i64::from(capacities.of(kind)))
