@@ -67,6 +67,14 @@ impl Agent {
             }
             None => Command::new(agent_bin()),
         };
+        // The agent takes its flags from MCS_* variables too: only `env` sets any, so that a
+        // variable exported where the tests run (MCS_FRONTEND_METRICS=true, say) changes
+        // nothing.
+        for (key, _) in std::env::vars_os() {
+            if key.to_str().is_some_and(|k| k.starts_with("MCS_")) {
+                cmd.env_remove(&key);
+            }
+        }
         let child = crate::netns::die_with_parent(&mut cmd)
             .args(args)
             .arg("--pin-dir")
