@@ -138,6 +138,25 @@ pub struct KubeModeOptions {
     pub policy: dataplane_core::policy::AddressPolicy,
 }
 
+impl KubeModeOptions {
+    /// The node role's options are refused without the node role, rather than ignored.
+    fn check_roles(&self) -> Result<(), KubeModeError> {
+        if self.roles.node() {
+            return Ok(());
+        }
+        let node_only = [
+            ("--dns-listen", !self.dns.listen.is_empty()),
+            ("--frontend-metrics", self.frontend_metrics),
+        ];
+        match node_only.iter().find(|(_, set)| *set) {
+            Some((flag, _)) => Err(KubeModeError::Config(format!(
+                "{flag} needs the node role (--roles node or all)"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
 /// A kube client for `member`; `relative_to` resolves a relative kubeconfig path (the config
 /// file's directory).
 pub async fn member_client(member: &Member, relative_to: &Path) -> Result<Client, KubeModeError> {
@@ -442,12 +461,8 @@ pub async fn run(
     options: KubeModeOptions,
     loader: LoaderConfig,
 ) -> Result<(), KubeModeError> {
+    options.check_roles()?;
     let roles = options.roles;
-    if !roles.node() && !options.dns.listen.is_empty() {
-        return Err(KubeModeError::Config(
-            "--dns-listen needs the node role (--roles node or all)".into(),
-        ));
-    }
     let config_dir = config_path
         .parent()
         .map(Path::to_owned)
@@ -571,6 +586,35 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_role_flags_without_the_node_role_are_refused() {
+        let options = |roles, dns: &[&str], frontend_metrics| KubeModeOptions {
+            roles,
+            identity: "a".into(),
+            lease_namespace: "mcs-system".into(),
+            metrics_address: "127.0.0.1:9090".parse().expect("addr"),
+            frontend_metrics,
+            health_address: "127.0.0.1:9091".parse().expect("addr"),
+            dns: crate::dns::DnsOptions {
+                listen: dns.iter().map(|a| a.parse().expect("addr")).collect(),
+                ..Default::default()
+            },
+            policy: Default::default(),
+        };
+        let refused = |o: KubeModeOptions| match o.check_roles() {
+            Err(KubeModeError::Config(why)) => why,
+            other => panic!("not refused: {other:?}"),
+        };
+        assert!(
+            refused(options(Roles::Controller, &["0.0.0.0:53"], false)).starts_with("--dns-listen")
+        );
+        assert!(refused(options(Roles::Controller, &[], true)).starts_with("--frontend-metrics"));
+        assert!(options(Roles::Controller, &[], false).check_roles().is_ok());
+        for roles in [Roles::Node, Roles::All] {
+            assert!(options(roles, &["0.0.0.0:53"], true).check_roles().is_ok());
+        }
+    }
 
     fn kubeconfig(user: &str, cluster: &str) -> Kubeconfig {
         Kubeconfig::from_yaml(&format!(
