@@ -44,10 +44,7 @@ use crate::{
     telemetry::metrics::{ClusterLabels, Metrics},
 };
 use dataplane_core::{
-    merge::{
-        ClusterSetConfig, MemberChange, MergeState,
-        conditions::{ConditionStatus, ConditionType},
-    },
+    merge::{ClusterSetConfig, MemberChange, MergeState},
     model::{ClusterId, Interner, NamespacedName},
     policy::{AddressPolicy, AddressUse, RefusedEndpoint},
     reconcile::{
@@ -371,9 +368,8 @@ fn note_conflicts(
 ) {
     let reasons: Vec<String> = desired
         .local_export
-        .iter()
-        .flat_map(|s| s.conditions.iter())
-        .filter(|c| c.type_ == ConditionType::Conflict && c.status == ConditionStatus::True)
+        .and_then(|s| s.conflict())
+        .into_iter()
         .flat_map(|c| c.reason.split(',').map(str::to_owned))
         .collect();
     let changed = if reasons.is_empty() {

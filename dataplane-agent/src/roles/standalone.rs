@@ -10,11 +10,7 @@
 
 use std::{collections::BTreeSet, path::PathBuf, time::Duration};
 
-use dataplane_core::{
-    merge::conditions::{ConditionStatus, ConditionType},
-    model::ClusterId,
-    plan::Diagnostic,
-};
+use dataplane_core::{model::ClusterId, plan::Diagnostic};
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
@@ -170,11 +166,7 @@ impl Report {
             .merge
             .export_statuses
             .iter()
-            .filter(|e| {
-                e.conditions.iter().any(|c| {
-                    c.type_ == ConditionType::Conflict && c.status == ConditionStatus::True
-                })
-            })
+            .filter(|e| e.conflict().is_some())
             .count();
         info!(
             cluster = %merged.cluster,

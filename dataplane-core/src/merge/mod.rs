@@ -202,6 +202,16 @@ pub struct ExportStatus {
     pub conditions: conditions::ExportConditions,
 }
 
+impl ExportStatus {
+    /// Its `Conflict` condition when that is True (the reasons are in it, comma-separated).
+    pub fn conflict(&self) -> Option<&conditions::MergeCondition> {
+        self.conditions.iter().find(|c| {
+            c.type_ == conditions::ConditionType::Conflict
+                && c.status == conditions::ConditionStatus::True
+        })
+    }
+}
+
 /// A merged port and the clusters whose Service declares it identically (same name, protocol
 /// and port; `appProtocol` is not compared, see [`ports`]). Only those clusters' endpoints
 /// serve it.

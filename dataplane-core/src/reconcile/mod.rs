@@ -40,7 +40,6 @@ use crate::{
     merge::{
         ClusterSetConfig, ClusterSnapshot, ExportStatus, MemberChange, MergeOutput, MergeState,
         ServiceOutput,
-        conditions::{ConditionStatus, ConditionType},
     },
     model::{
         ClusterId, Condition, EndpointSlice, Interner, LABEL_APP_MANAGED_BY, LABEL_SERVICE_NAME,
@@ -529,11 +528,9 @@ pub fn reconcile(
 pub fn conflict_counts(plan: &MergeOutput, local: &ClusterId) -> BTreeMap<String, i64> {
     let mut out = BTreeMap::new();
     for s in plan.export_statuses.iter().filter(|s| &s.cluster == local) {
-        for c in s.conditions.iter() {
-            if c.type_ == ConditionType::Conflict && c.status == ConditionStatus::True {
-                for r in c.reason.split(',') {
-                    *out.entry(r.to_owned()).or_insert(0) += 1;
-                }
+        if let Some(c) = s.conflict() {
+            for r in c.reason.split(',') {
+                *out.entry(r.to_owned()).or_insert(0) += 1;
             }
         }
     }
