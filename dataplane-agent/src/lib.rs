@@ -7,6 +7,7 @@ pub mod bpf;
 pub mod cli;
 pub mod config;
 pub mod dns;
+pub mod fuzzing;
 pub mod memory;
 pub mod roles;
 pub mod sink;
