@@ -1,0 +1,14 @@
+//! Bytes → ServiceImports and imported EndpointSlices → the node's inputs event by event → lb
+//! table, map entries and DNS zone. Nothing may panic, and what the events kept must be the
+//! full build of the final objects. The body is `dataplane_agent::fuzzing::node_manifests`,
+//! whose test replays the seeds.
+//!
+//! `AYA_BUILD_SKIP=1 cargo +nightly fuzz run node fuzz/corpus/node fuzz/seeds/node -- -max_total_time=60`
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let _ = dataplane_agent::fuzzing::node_manifests(data);
+});
