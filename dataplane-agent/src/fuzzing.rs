@@ -223,18 +223,12 @@ mod tests {
     /// merge: imports with ports, frontends with backends, and conflicts.
     #[test]
     fn the_fuzz_seeds_merge_stably() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/merge");
-        let mut seeds: Vec<_> = std::fs::read_dir(&dir)
-            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-            .map(|e| e.expect("entry").path())
-            .collect();
-        seeds.sort();
-        assert!(seeds.len() >= 6, "seeds: {seeds:?}");
+        let seeds = seeds("merge");
+        assert!(seeds.len() >= 6, "{} seeds", seeds.len());
         let (mut imports, mut backends, mut conflicts) = (0, 0, 0);
-        for seed in &seeds {
-            let data = std::fs::read(seed).expect("seed");
+        for (path, data) in &seeds {
             let (plan, table) =
-                merge_manifests(&data).unwrap_or_else(|| panic!("{}: not text", seed.display()));
+                merge_manifests(data).unwrap_or_else(|| panic!("{}: not text", path.display()));
             imports += plan.service_imports.len();
             backends += table
                 .frontends
