@@ -23,8 +23,8 @@ use crate::bpf::desired::{self, DesiredService};
 use crate::dns::{DnsZone, zone::service_fqdn};
 use crate::source::{clusterset_dir::parse_config, manifests::parse_documents};
 
-/// Bytes → manifests of 2-3 clusters → merge → lb table; `None` for bytes that are not UTF-8
-/// text. Panics only where the merge is wrong: it must not be changed by feeding its imports
+/// Bytes → manifests of 2-3 clusters → merge → lb table; `None` for no bytes, or bytes that
+/// are not UTF-8 text. Panics only where the merge is wrong: it must not be changed by feeding its imports
 /// back as the importing cluster's current imports.
 ///
 /// The first byte picks the number of clusters (2 or 3) and the importing cluster; the rest is
@@ -77,15 +77,17 @@ pub struct NodeOutcome {
     pub table: LbTable,
     /// The map entries the node would have written, service by service.
     pub entries: usize,
-    /// The DNS names that got an answer with records.
+    /// The (service name, record type) queries, of A, AAAA and SRV, answered with records.
     pub answered: usize,
 }
 
 /// Bytes → ServiceImports and imported EndpointSlices → the node's inputs, one watch event per
-/// object, then a delete of every third object → lb table, map entries and DNS zone; `None`
-/// for bytes that are not UTF-8 text. Panics only where the node is wrong: the table kept
-/// event by event, and the map entries handed out service by service, must be those of a
-/// full build of the final objects.
+/// object in order, then deletes → lb table and map entries → DNS zone; `None` for bytes that
+/// are not UTF-8 text. The deletes come after every write: of the final objects of each kind,
+/// sorted by namespace/name, the second of every three. Panics only where the node is wrong:
+/// after the last event, the table kept event by event and the map entries handed out service
+/// by service must be those of a full build of the final objects. The DNS zone is built from
+/// the final inputs and queried, which must not panic; its answers are not compared.
 pub fn node_manifests(data: &[u8]) -> Option<NodeOutcome> {
     let text = std::str::from_utf8(data).ok()?;
     let (objects, _errors) = parse_documents(text, Path::new("fuzz.yaml"));
@@ -107,8 +109,9 @@ pub fn node_manifests(data: &[u8]) -> Option<NodeOutcome> {
             Manifest::Service(_) | Manifest::ServiceExport(_) => {}
         }
     }
-    let deleted_imports: Vec<NamespacedName> = imports.keys().step_by(3).cloned().collect();
-    let deleted_slices: Vec<NamespacedName> = slices.keys().step_by(3).cloned().collect();
+    // The second of every three, so that an input of one object keeps it.
+    let deleted_imports: Vec<NamespacedName> = imports.keys().skip(1).step_by(3).cloned().collect();
+    let deleted_slices: Vec<NamespacedName> = slices.keys().skip(1).step_by(3).cloned().collect();
     for id in &deleted_imports {
         imports.remove(id);
         changes.push(Change::ImportDeleted(id.clone()));
