@@ -206,12 +206,7 @@ mod tests {
         for (path, data) in &seeds {
             let outcome =
                 node_manifests(data).unwrap_or_else(|| panic!("{}: not text", path.display()));
-            backends += outcome
-                .table
-                .frontends
-                .values()
-                .map(|f| f.backends.len())
-                .sum::<usize>();
+            backends += outcome.table.backend_count();
             entries += outcome.entries;
             answered += outcome.answered;
         }
@@ -233,11 +228,7 @@ mod tests {
             let (plan, table) =
                 merge_manifests(data).unwrap_or_else(|| panic!("{}: not text", path.display()));
             imports += plan.service_imports.len();
-            backends += table
-                .frontends
-                .values()
-                .map(|f| f.backends.len())
-                .sum::<usize>();
+            backends += table.backend_count();
             conflicts += plan
                 .export_statuses
                 .iter()

@@ -149,6 +149,12 @@ impl LbTable {
     pub fn services(&self) -> BTreeSet<&NamespacedName> {
         self.vips.values().collect()
     }
+
+    /// How many backends its frontends list in all (an endpoint serving two ports counts
+    /// twice).
+    pub fn backend_count(&self) -> usize {
+        self.frontends.values().map(|f| f.backends.len()).sum()
+    }
 }
 
 /// The slices of one service, in cluster order (stable, so equal inputs give equal tables).

@@ -282,14 +282,10 @@ fn loader_for(topo: &Topology, frontends: usize, backends: usize) -> LoaderConfi
     cfg
 }
 
-fn backend_count(table: &LbTable) -> usize {
-    table.frontends.values().map(|f| f.backends.len()).sum()
-}
-
 /// Writes the whole table into empty kernel maps.
 fn full_sync(shape: Shape, table: &LbTable) -> anyhow::Result<FullSync> {
     let topo = Topology::new(&[])?;
-    let cfg = loader_for(&topo, table.frontends.len(), backend_count(table));
+    let cfg = loader_for(&topo, table.frontends.len(), table.backend_count());
     let mut dataplane = loader::install(&cfg)?;
     let mut sync = MapSync::new(dataplane.maps.capacities());
     let started = Instant::now();
@@ -301,7 +297,7 @@ fn full_sync(shape: Shape, table: &LbTable) -> anyhow::Result<FullSync> {
     Ok(FullSync {
         shape,
         frontends: sync.frontend_count(),
-        backends: backend_count(table),
+        backends: table.backend_count(),
         slots: sync.slot_count(),
         writes: report.writes,
         ms: ms(elapsed),
@@ -326,7 +322,7 @@ fn map_change(services: usize, samples: usize) -> anyhow::Result<MapChange> {
     let mut table = lb::build_records(&plan.service_imports, &plan.endpoint_slices);
     drop(plan);
     let topo = Topology::new(&[])?;
-    let cfg = loader_for(&topo, table.frontends.len(), backend_count(&table));
+    let cfg = loader_for(&topo, table.frontends.len(), table.backend_count());
     let mut dataplane = loader::install(&cfg)?;
     let mut sync = MapSync::new(dataplane.maps.capacities());
     let first = sync.sync_table(&table, &mut dataplane.maps);
@@ -408,7 +404,7 @@ fn first_frontends(plan: &MergeOutput) -> BTreeMap<NamespacedName, FeAddr> {
 /// The agent's map capacities for `plan` (see [`loader_for`]), with the eBPF log off.
 fn capacity_args(topo: &Topology, plan: &MergeOutput) -> Vec<String> {
     let table = lb::build_records(&plan.service_imports, &plan.endpoint_slices);
-    let caps = loader_for(topo, table.frontends.len(), backend_count(&table));
+    let caps = loader_for(topo, table.frontends.len(), table.backend_count());
     [
         ("--max-frontends", caps.max_frontends),
         ("--max-slots", caps.max_slots),
