@@ -51,9 +51,9 @@ pub fn lookup_sendmsg4(ctx: SockAddrContext) -> i32 {
 fn lookup_only4(ctx: &SockAddrContext) -> i32 {
     let sa = unsafe { &*ctx.sock_addr };
     if let Some(proto) = l4_proto(sa) {
-        // Every field of the frontend, as `forward` copies it (a field on the element's next
-        // cache line is read here too); the volatile store keeps the reads, which the compiler
-        // would otherwise drop with their unused result.
+        // Every field of the frontend's header, as `forward` reads them (on the cache line of
+        // the element's value); the volatile store keeps the reads, which the compiler would
+        // otherwise drop with their unused result.
         let found = lookup::<V4>(sa.user_ip4, sa.user_port as u16, proto).map_or(0, |fe| {
             fe.id ^ fe.base ^ fe.affinity_timeout_s ^ ((fe.count as u32) << 8) ^ fe.flags as u32
         });

@@ -24,7 +24,11 @@
 //! A connect looks its destination up in the frontend map (on a miss, the VIP's wildcard
 //! entry), picks an index in `0..count` (a random draw for TCP, the socket cookie's hash for
 //! UDP) and reads one slot: `MCS_SLOTS[base + index]`, which holds the backend's address and
-//! port. Two lookups, one of them an array read.
+//! port. Two lookups, one of them an array read. An IPv4 frontend of at most
+//! [`INLINE_BACKENDS`] backends also carries copies of its slots' addresses and ports in its
+//! own entry ([`Frontend::inline`], flag [`FRONTEND_F_INLINE`]), and the programs read the
+//! backend there: one lookup, and no cache line of the slots array, which is a cache miss on
+//! nearly every call when calls spread over many services.
 //!
 //! A translated connect (TCP, or UDP `connect`) then records the socket's reverse entry, which
 //! `getpeername` and a connected socket's `recvmsg` read back. Its place is fixed by the
@@ -54,6 +58,9 @@
 //!    The programs also check [`Slot::frontend_id`]: a slot that does not carry the frontend's
 //!    id is never followed; the frontend is looked up again, once, and the call is refused if
 //!    it still does not match.
+//!    A frontend with [`FRONTEND_F_INLINE`] holds its backends' copies in the same entry as
+//!    `base` and `count`, written by the same update: a reader of the entry reads a set that
+//!    the frontend had, whole.
 //! 3. A frontend with `count == 0`, and a wildcard frontend (`port == 0 && proto == 0`, flag
 //!    [`FRONTEND_F_WILDCARD`]), reject the connection with `ECONNREFUSED`.
 //! 4. `AFFINITY_MATCH` holds `(frontend, backend)` while the backend is in the frontend's set, so
@@ -74,7 +81,9 @@
 ///   `cpu × stride + frontend id`), which the agent reads with one batch lookup per row;
 ///   [`Counters`] padded to 32 bytes (two per cache line). A `.rodata` constant
 ///   (`MCS_COUNTER_STRIDE`) holds the stride.
-pub const PIN_VERSION: u32 = 5;
+/// - 6: an IPv4 [`Frontend`] of at most [`INLINE_BACKENDS`] backends carries copies of them
+///   ([`Frontend::inline`], [`FRONTEND_F_INLINE`]); the value is 64 bytes.
+pub const PIN_VERSION: u32 = 6;
 
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
@@ -87,6 +96,13 @@ pub const ENOMEM: i32 = 12;
 pub const FRONTEND_F_WILDCARD: u8 = 1;
 /// The frontend has ClientIP session affinity; `affinity_timeout_s` applies.
 pub const FRONTEND_F_AFFINITY: u8 = 2;
+/// The frontend's backends are also in [`Frontend::inline`] (its first `count` entries), and
+/// the programs read them there.
+pub const FRONTEND_F_INLINE: u8 = 4;
+/// Most backends a frontend entry carries itself: as many as fill the 64-byte value, which the
+/// kernel's allocator places on one cache line of its own (the element's header and key take
+/// the line before it).
+pub const INLINE_BACKENDS: usize = 6;
 
 /// Map names, as they appear in the object, in `bpftool map list` and as pin file names.
 pub mod map_names {
@@ -197,6 +213,20 @@ pub struct Frontend {
     pub _pad: u8,
     /// ClientIP affinity timeout in seconds (with [`FRONTEND_F_AFFINITY`]).
     pub affinity_timeout_s: u32,
+    /// With [`FRONTEND_F_INLINE`] (IPv4 frontends of `1..=INLINE_BACKENDS` backends only): the
+    /// address and port of slots `base..base + count`, in order; the rest zero.
+    pub inline: [InlineBackend; INLINE_BACKENDS],
+}
+
+/// An IPv4 backend's copy in its frontend's entry (see [`Frontend::inline`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct InlineBackend {
+    /// Address, network byte order.
+    pub addr: u32,
+    /// Port, network byte order.
+    pub port: u16,
+    pub _pad: u16,
 }
 
 /// One backend of a frontend, in the frontend's range of `MCS_SLOTS`. IPv4 addresses use
@@ -443,7 +473,8 @@ mod tests {
     fn layouts_have_no_implicit_padding() {
         assert_eq!(size_of::<FrontendKey4>(), 8);
         assert_eq!(size_of::<FrontendKey6>(), 20);
-        assert_eq!(size_of::<Frontend>(), 16);
+        assert_eq!(size_of::<Frontend>(), 64);
+        assert_eq!(size_of::<InlineBackend>(), 8);
         assert_eq!(size_of::<Slot>(), 24);
         assert_eq!(size_of::<AffinityKey>(), 16);
         assert_eq!(size_of::<AffinityValue>(), 32);

@@ -40,10 +40,10 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use dataplane_ebpf::{
     AF_INET, AF_INET6, AffinityKey, AffinityMatchKey, AffinityValue, ClusterName, ConnRevNat,
-    Counters, ECONNREFUSED, ENOMEM, FRONTEND_F_AFFINITY, FRONTEND_F_WILDCARD, Frontend,
-    FrontendKey4, FrontendKey6, FrontendName, IPPROTO_TCP, IPPROTO_UDP, RevNatKey4, RevNatKey6,
-    RevNatValue4, RevNatValue6, Slot, SockRevNat, affinity_fresh, cookie_hash, defaults,
-    ip6_mapped_v4, ip6_v4_mapped, pick_slot,
+    Counters, ECONNREFUSED, ENOMEM, FRONTEND_F_AFFINITY, FRONTEND_F_INLINE, FRONTEND_F_WILDCARD,
+    Frontend, FrontendKey4, FrontendKey6, FrontendName, IPPROTO_TCP, IPPROTO_UDP, RevNatKey4,
+    RevNatKey6, RevNatValue4, RevNatValue6, Slot, SockRevNat, affinity_fresh, cookie_hash,
+    defaults, ip6_mapped_v4, ip6_v4_mapped, pick_slot,
 };
 
 /// Programs the benchmark attaches next to these (never the agent).
@@ -117,9 +117,13 @@ trait Family {
     const FAMILY: u8;
     fn to_words(addr: Self::Addr) -> [u32; 4];
     fn from_words(words: [u32; 4]) -> Self::Addr;
+    /// Whether the family's frontends may carry their backends ([`FRONTEND_F_INLINE`]): IPv4
+    /// only, whose addresses fit the copies.
+    const INLINE: bool;
     /// The frontend entry of (address, port, protocol); `port == 0 && proto == 0` is the VIP's
-    /// wildcard.
-    fn frontend(addr: Self::Addr, port: u16, proto: u8) -> Option<Frontend>;
+    /// wildcard. The map's own element, read in place (it is never recycled while a program
+    /// runs: see `NO_PREALLOC`), not a copy.
+    fn frontend(addr: Self::Addr, port: u16, proto: u8) -> Option<&'static Frontend>;
     /// Records that (socket, backend) stands for (VIP, port): written only when it is not so
     /// already.
     fn rev_record(
@@ -140,6 +144,7 @@ struct V6;
 impl Family for V4 {
     type Addr = u32;
     const FAMILY: u8 = AF_INET;
+    const INLINE: bool = true;
 
     #[inline(always)]
     fn to_words(addr: u32) -> [u32; 4] {
@@ -152,14 +157,14 @@ impl Family for V4 {
     }
 
     #[inline(always)]
-    fn frontend(addr: u32, port: u16, proto: u8) -> Option<Frontend> {
+    fn frontend(addr: u32, port: u16, proto: u8) -> Option<&'static Frontend> {
         let key = FrontendKey4 {
             addr,
             port,
             proto,
             _pad: 0,
         };
-        unsafe { FRONTENDS4.get(&key) }.copied()
+        unsafe { FRONTENDS4.get(&key) }
     }
 
     /// An existing entry is rewritten in place with one aligned 8-byte store (the value is 8
@@ -219,6 +224,7 @@ impl Family for V4 {
 impl Family for V6 {
     type Addr = [u32; 4];
     const FAMILY: u8 = AF_INET6;
+    const INLINE: bool = false;
 
     #[inline(always)]
     fn to_words(addr: [u32; 4]) -> [u32; 4] {
@@ -231,14 +237,14 @@ impl Family for V6 {
     }
 
     #[inline(always)]
-    fn frontend(addr: [u32; 4], port: u16, proto: u8) -> Option<Frontend> {
+    fn frontend(addr: [u32; 4], port: u16, proto: u8) -> Option<&'static Frontend> {
         let key = FrontendKey6 {
             addr,
             port,
             proto,
             _pad: 0,
         };
-        unsafe { FRONTENDS6.get(&key) }.copied()
+        unsafe { FRONTENDS6.get(&key) }
     }
 
     /// A 20-byte value cannot be stored in one instruction: a changed entry is replaced whole
@@ -344,14 +350,15 @@ fn l4_proto(sa: &bpf_sock_addr) -> Option<u8> {
 
 /// The frontend of a destination: its (port, protocol) entry, else the VIP's wildcard.
 #[inline(always)]
-fn lookup<F: Family>(addr: F::Addr, port: u16, proto: u8) -> Option<Frontend> {
+fn lookup<F: Family>(addr: F::Addr, port: u16, proto: u8) -> Option<&'static Frontend> {
     F::frontend(addr, port, proto).or_else(|| F::frontend(addr, 0, 0))
 }
 
 /// Chooses a backend for a frontend: the client's affinity entry if it is fresh and its backend
-/// still belongs to the frontend, else an active slot picked by `draw`.
+/// still belongs to the frontend, else the backend picked by `draw`: from the frontend's own
+/// copies when it carries them, else from its slots.
 #[inline(always)]
-fn choose(ctx: &SockAddrContext, fe: &Frontend, draw: u32) -> Choice {
+fn choose<F: Family>(ctx: &SockAddrContext, fe: &Frontend, draw: u32) -> Choice {
     if fe.flags & FRONTEND_F_WILDCARD != 0 || fe.count == 0 {
         return Choice::Reject(fe.id);
     }
@@ -385,14 +392,24 @@ fn choose(ctx: &SockAddrContext, fe: &Frontend, draw: u32) -> Choice {
             return Choice::Backend(fe.id, addr, port);
         }
     }
-    // An index past the array or a slot of another frontend: the frontend changed under us.
-    let Some(slot) = SLOTS.get(fe.base.wrapping_add(pick_slot(draw, fe.count) as u32)) else {
-        return Choice::Stale(fe.id);
+    let index = pick_slot(draw, fe.count);
+    let (addr, port) = if F::INLINE && fe.flags & FRONTEND_F_INLINE != 0 {
+        // The copies were written with `count`, in the same entry: no slot to check.
+        let Some(b) = fe.inline.get(index as usize) else {
+            return Choice::Stale(fe.id);
+        };
+        ([b.addr, 0, 0, 0], b.port)
+    } else {
+        // An index past the array or a slot of another frontend: the frontend changed under
+        // us.
+        let Some(slot) = SLOTS.get(fe.base.wrapping_add(index as u32)) else {
+            return Choice::Stale(fe.id);
+        };
+        if slot.frontend_id != fe.id {
+            return Choice::Stale(fe.id);
+        }
+        (slot.addr, slot.port)
     };
-    if slot.frontend_id != fe.id {
-        return Choice::Stale(fe.id);
-    }
-    let (addr, port) = (slot.addr, slot.port);
     if affinity {
         remember(&aff_key, now, addr, port);
     }
@@ -515,9 +532,9 @@ fn forward<F: Family>(
     } else {
         cookie_hash(cookie)
     };
-    let choice = match choose(ctx, &fe, draw) {
+    let choice = match choose::<F>(ctx, fe, draw) {
         Choice::Stale(id) => match lookup::<F>(vip, vip_port, proto) {
-            Some(fe) => choose(ctx, &fe, draw),
+            Some(fe) => choose::<F>(ctx, fe, draw),
             None => Choice::Reject(id),
         },
         c => c,

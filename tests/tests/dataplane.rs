@@ -685,7 +685,8 @@ endpoints:
     )
 }
 
-/// 8: backends churn every 50 ms for 10 s while a client connects in a loop. No connect fails
+/// 8: backends churn every 50 ms for 10 s while a client connects in a loop, the frontend
+/// moving each time between carrying its backends and reading them from slots. No connect fails
 /// (one backend is always up), and no connect that started after a backend's removal was
 /// written to the maps (as seen by polling them) reaches that backend.
 #[test]
@@ -747,10 +748,19 @@ fn backend_churn_never_fails_a_connect_or_reaches_a_removed_backend() {
     let started = Instant::now();
     let mut step = 0usize;
     while started.elapsed() < Duration::from_secs(10) {
-        // Two churners at a time, rotating: one added and one removed every 50 ms.
+        // Every 50 ms, in turn: the stable backend with two churners, rotating (a frontend
+        // that carries its 3 backends in its entry), and with all six (7 backends, read from
+        // the slots). Every step removes backends and moves the frontend between the two.
         let a = churners[step % churners.len()];
         let b = churners[(step + 1) % churners.len()];
-        topo.write_fixture("input", "churn.yaml", &churn_yaml(&[stable, a, b]))
+        let set: Vec<u8> = if step.is_multiple_of(2) {
+            vec![stable, a, b]
+        } else {
+            std::iter::once(stable)
+                .chain(churners.iter().copied())
+                .collect()
+        };
+        topo.write_fixture("input", "churn.yaml", &churn_yaml(&set))
             .unwrap();
         step += 1;
         std::thread::sleep(Duration::from_millis(50));
@@ -1039,10 +1049,13 @@ fn adoption_reattaches_when_a_map_pin_was_removed() {
     let input = topo
         .write_fixture("input", "churn.yaml", &churn_yaml(&[10]))
         .unwrap();
+    // The cluster name comes from the backend's slot: a frontend that carries its backend
+    // shows it without one while its range is not in the (new) slots map.
     let one = |host: &'static str| {
         move |i: &dataplane_agent::bpf::inspect::Inspection| {
-            frontend(i, "241.0.0.70", 80, "TCP")
-                .is_some_and(|f| f.backends.len() == 1 && f.backends[0].ip == host)
+            frontend(i, "241.0.0.70", 80, "TCP").is_some_and(|f| {
+                f.backends.len() == 1 && f.backends[0].ip == host && f.backends[0].cluster == "a"
+            })
         }
     };
     let mut first = start_node(&topo, &input, &[]);

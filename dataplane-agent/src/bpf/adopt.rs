@@ -10,14 +10,14 @@
 use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
 
 use dataplane_core::model::NamespacedName;
-use dataplane_ebpf::{AF_INET, AF_INET6, AffinityMatchKey, FRONTEND_F_AFFINITY};
+use dataplane_ebpf::{AF_INET, AF_INET6, AffinityMatchKey, FRONTEND_F_AFFINITY, FRONTEND_F_INLINE};
 
 use super::{
     convert::{addr_from_words, name_from_bytes, port_from_word},
     desired::{DesiredBackend, DesiredFrontend, FeAddr},
     ids::SlotRange,
     maps::{Capacities, MapContents, MapOp, MapWriteError, MapWriter},
-    sync::{Installed, MapSync},
+    sync::{Installed, MapSync, inline_backends},
 };
 
 impl MapSync {
@@ -115,21 +115,30 @@ impl MapSync {
                 IpAddr::V4(_) => sync.used_fe4 += 1,
                 IpAddr::V6(_) => sync.used_fe6 += 1,
             }
-            let installed = Installed {
+            // The copies the entry should carry, from its slots; an entry whose copies differ
+            // (or that lacks them) is rewritten by the first sync.
+            let inline = if whole {
+                inline_backends(family == AF_INET, slots.iter().map(|s| (s.addr, s.port)))
+            } else {
+                None
+            };
+            let mut installed = Installed {
                 id: fe.id,
                 range: if whole {
                     range
                 } else {
                     SlotRange { base: 0, len: 0 }
                 },
-                flags: fe.flags,
+                flags: fe.flags & !FRONTEND_F_INLINE,
                 affinity_timeout_s: fe.affinity_timeout_s,
                 digest,
                 service: service.clone(),
                 port_name: port_name.into(),
                 clusters: clusters.into_boxed_slice(),
                 broken: !whole,
+                inline,
             };
+            installed.broken |= installed.abi() != *fe;
             sync.by_service.entry(service).or_default().push(addr);
             sync.install(addr, installed);
         }

@@ -18,7 +18,9 @@ use dataplane_core::{
     lb::{Frontend, FrontendAddr, LbTable, Protocol, ServicePart},
     model::NamespacedName,
 };
-use dataplane_ebpf::{FRONTEND_F_AFFINITY, FRONTEND_F_WILDCARD, FrontendKey4, FrontendKey6};
+use dataplane_ebpf::{
+    FRONTEND_F_AFFINITY, FRONTEND_F_INLINE, FRONTEND_F_WILDCARD, FrontendKey4, FrontendKey6, Slot,
+};
 use serde::Serialize;
 
 use super::{
@@ -277,21 +279,38 @@ pub fn read_back(contents: &MapContents) -> BTreeMap<FeAddr, (NamespacedName, De
             IpAddr::V4(_) => dataplane_ebpf::AF_INET,
             IpAddr::V6(_) => dataplane_ebpf::AF_INET6,
         };
-        let backends = contents
-            .range(fe)
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|slot| {
-                Some(DesiredBackend {
-                    ip: addr_from_words(slot.addr, family)?,
-                    port: port_from_word(slot.port),
-                    cluster: clusters
-                        .get(&u32::from(slot.cluster))
-                        .cloned()
-                        .unwrap_or_else(|| "".into()),
+        let slots = contents.range(fe).unwrap_or_default();
+        let cluster = |slot: &Slot| {
+            clusters
+                .get(&u32::from(slot.cluster))
+                .cloned()
+                .unwrap_or_else(|| "".into())
+        };
+        let backends = if fe.flags & FRONTEND_F_INLINE != 0 {
+            // What the programs read: the entry's copies (the cluster, which they do not
+            // need, from the slots).
+            fe.inline
+                .iter()
+                .take(usize::from(fe.count))
+                .enumerate()
+                .map(|(i, b)| DesiredBackend {
+                    ip: IpAddr::V4(ip4_from_word(b.addr)),
+                    port: port_from_word(b.port),
+                    cluster: slots.get(i).map_or_else(|| "".into(), cluster),
                 })
-            })
-            .collect();
+                .collect()
+        } else {
+            slots
+                .iter()
+                .filter_map(|slot| {
+                    Some(DesiredBackend {
+                        ip: addr_from_words(slot.addr, family)?,
+                        port: port_from_word(slot.port),
+                        cluster: cluster(slot),
+                    })
+                })
+                .collect()
+        };
         let (service, port_name) = contents
             .names
             .get(&fe.id)
@@ -308,7 +327,7 @@ pub fn read_back(contents: &MapContents) -> BTreeMap<FeAddr, (NamespacedName, De
                 service,
                 DesiredFrontend {
                     port_name,
-                    flags: fe.flags,
+                    flags: fe.flags & !FRONTEND_F_INLINE,
                     affinity_timeout_s: fe.affinity_timeout_s,
                     backends,
                 },

@@ -427,12 +427,12 @@ impl KernelMaps {
             match op {
                 MapOp::PutFrontend(FeKey::V4(k), v) => {
                     keys.extend_from_slice(bytes_of(std::slice::from_ref(k)));
-                    values.extend_from_slice(bytes_of(std::slice::from_ref(v)));
+                    values.extend_from_slice(bytes_of(std::slice::from_ref(&**v)));
                     op_of_elem.push(i);
                 }
                 MapOp::PutFrontend(FeKey::V6(k), v) => {
                     keys.extend_from_slice(bytes_of(std::slice::from_ref(k)));
-                    values.extend_from_slice(bytes_of(std::slice::from_ref(v)));
+                    values.extend_from_slice(bytes_of(std::slice::from_ref(&**v)));
                     op_of_elem.push(i);
                 }
                 MapOp::PutSlots(base, slots) => {
@@ -504,8 +504,8 @@ impl MapWriter for KernelMaps {
     fn apply(&mut self, op: &MapOp) -> Result<(), MapWriteError> {
         const ANY: u64 = 0;
         let r = match op {
-            MapOp::PutFrontend(FeKey::V4(k), v) => self.fe4.insert(k, v, ANY),
-            MapOp::PutFrontend(FeKey::V6(k), v) => self.fe6.insert(k, v, ANY),
+            MapOp::PutFrontend(FeKey::V4(k), v) => self.fe4.insert(k, **v, ANY),
+            MapOp::PutFrontend(FeKey::V6(k), v) => self.fe6.insert(k, **v, ANY),
             MapOp::DelFrontend(FeKey::V4(k)) => absent_ok(self.fe4.remove(k)),
             MapOp::DelFrontend(FeKey::V6(k)) => absent_ok(self.fe6.remove(k)),
             MapOp::PutSlots(..) => {

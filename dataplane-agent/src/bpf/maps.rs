@@ -7,8 +7,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use dataplane_ebpf::{
-    AffinityMatchKey, ClusterName, Counters, Frontend, FrontendKey4, FrontendKey6, FrontendName,
-    Slot,
+    AffinityMatchKey, ClusterName, Counters, FRONTEND_F_INLINE, Frontend, FrontendKey4,
+    FrontendKey6, FrontendName, INLINE_BACKENDS, Slot,
 };
 
 pub use dataplane_ebpf::defaults;
@@ -71,7 +71,9 @@ impl FeKey {
 /// One map write.
 #[derive(Clone, Debug, PartialEq)]
 pub enum MapOp {
-    PutFrontend(FeKey, Frontend),
+    /// Boxed: a frontend entry is the largest value, and every op of a sync's plan is as large
+    /// as the largest.
+    PutFrontend(FeKey, Box<Frontend>),
     DelFrontend(FeKey),
     /// Writes `slots` into `MCS_SLOTS` from index `base` on.
     PutSlots(u32, Vec<Slot>),
@@ -202,8 +204,9 @@ impl MapContents {
     }
 
     /// Checks what the datapath relies on (see the invariants in `dataplane_ebpf`): frontend ids
-    /// are unique, every slot of every frontend's range carries the frontend's id, and ranges do
-    /// not overlap. Returns the first violation.
+    /// are unique, every slot of every frontend's range carries the frontend's id, ranges do
+    /// not overlap, and a frontend that carries copies of its backends carries those of its
+    /// slots. Returns the first violation.
     pub fn check_datapath_invariants(&self) -> Result<(), String> {
         let mut ids = BTreeSet::new();
         let mut owner: BTreeMap<u32, u32> = BTreeMap::new();
@@ -211,11 +214,25 @@ impl MapContents {
             if !ids.insert(fe.id) {
                 return Err(format!("frontend id {} used twice ({key:?})", fe.id));
             }
-            if self.range(fe).is_none() {
+            let Some(slots) = self.range(fe) else {
                 return Err(format!(
                     "{key:?}: a slot of {}..+{} does not carry id {}",
                     fe.base, fe.count, fe.id
                 ));
+            };
+            if fe.flags & FRONTEND_F_INLINE != 0 {
+                let copies_are_the_slots = matches!(key, FeKey::V4(_))
+                    && slots.len() <= INLINE_BACKENDS
+                    && slots
+                        .iter()
+                        .zip(&fe.inline)
+                        .all(|(s, c)| s.addr[0] == c.addr && s.port == c.port);
+                if !copies_are_the_slots {
+                    return Err(format!(
+                        "{key:?}: the entry's copies {:?} are not its slots {slots:?}",
+                        fe.inline
+                    ));
+                }
             }
             for i in 0..fe.count as u32 {
                 if let Some(other) = owner.insert(fe.base + i, fe.id) {
@@ -335,10 +352,10 @@ impl MapWriter for MemMaps {
         let c = &mut self.contents;
         match op {
             MapOp::PutFrontend(FeKey::V4(k), v) => {
-                put(&mut c.frontends4, caps.frontends, *k, *v, full)?
+                put(&mut c.frontends4, caps.frontends, *k, **v, full)?
             }
             MapOp::PutFrontend(FeKey::V6(k), v) => {
-                put(&mut c.frontends6, caps.frontends, *k, *v, full)?
+                put(&mut c.frontends6, caps.frontends, *k, **v, full)?
             }
             MapOp::DelFrontend(FeKey::V4(k)) => {
                 c.frontends4.remove(k);

@@ -12,8 +12,8 @@ use super::{
     convert::{addr_words, name_bytes, port_word},
     desired::{DesiredFrontend, DesiredService, FeAddr},
     ids::SlotRange,
-    maps::{MapKind, MapOp, MapWriter},
-    sync::{Change, Installed, MapSync, SyncError, SyncReport},
+    maps::{FeKey, MapKind, MapOp, MapWriter},
+    sync::{Change, Installed, MapSync, SyncError, SyncReport, inline_backends},
 };
 
 /// The affinity-match keys of a backend set.
@@ -339,6 +339,12 @@ impl MapSync {
             port_name: Arc::from(fe.port_name.as_str()),
             clusters: clusters.into_boxed_slice(),
             broken: false,
+            inline: inline_backends(
+                matches!(key, FeKey::V4(_)),
+                fe.backends
+                    .iter()
+                    .map(|b| (addr_words(b.ip).0, port_word(b.port))),
+            ),
         };
         if old
             .as_ref()
@@ -397,12 +403,12 @@ impl MapSync {
             .is_none_or(|o| o.abi() != new.abi() || o.broken)
         {
             let undo = match &old {
-                Some(o) => MapOp::PutFrontend(key, o.abi()),
+                Some(o) => MapOp::PutFrontend(key, Box::new(o.abi())),
                 None => MapOp::DelFrontend(key),
             };
             change
                 .flips
-                .push((MapOp::PutFrontend(key, new.abi()), undo));
+                .push((MapOp::PutFrontend(key, Box::new(new.abi())), undo));
         }
         for c in new.clusters.iter() {
             self.clusters.add_ref(*c);

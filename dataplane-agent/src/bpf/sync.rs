@@ -147,6 +147,30 @@ pub(super) struct Installed {
     /// Set on adoption when a reader would refuse the entry (a slot without its id): the next
     /// sync rewrites it whatever it compares to.
     pub broken: bool,
+    /// The copies of its slots that the entry carries ([`inline_backends`]), as the entry
+    /// holds them; none when the programs read the slots. Boxed: most entries of a large
+    /// table have none, and the mirror keeps one of these per entry.
+    pub inline: Option<Box<[abi::InlineBackend; abi::INLINE_BACKENDS]>>,
+}
+
+/// The copies of a frontend's backends (slot address and port words, in slot order) that its
+/// entry carries: all of them for an IPv4 frontend of `1..=INLINE_BACKENDS`, else none.
+pub(super) fn inline_backends(
+    v4: bool,
+    slots: impl ExactSizeIterator<Item = ([u32; 4], u16)>,
+) -> Option<Box<[abi::InlineBackend; abi::INLINE_BACKENDS]>> {
+    if !v4 || slots.len() == 0 || slots.len() > abi::INLINE_BACKENDS {
+        return None;
+    }
+    let mut copies = Box::new([abi::InlineBackend::default(); abi::INLINE_BACKENDS]);
+    for (copy, (addr, port)) in copies.iter_mut().zip(slots) {
+        *copy = abi::InlineBackend {
+            addr: addr[0],
+            port,
+            _pad: 0,
+        };
+    }
+    Some(copies)
 }
 
 impl Installed {
@@ -155,9 +179,13 @@ impl Installed {
             id: self.id,
             base: self.range.base,
             count: self.range.len as u16,
-            flags: self.flags,
+            flags: match self.inline {
+                Some(_) => self.flags | abi::FRONTEND_F_INLINE,
+                None => self.flags,
+            },
             _pad: 0,
             affinity_timeout_s: self.affinity_timeout_s,
+            inline: self.inline.as_deref().copied().unwrap_or_default(),
         }
     }
 

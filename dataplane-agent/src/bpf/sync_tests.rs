@@ -474,6 +474,13 @@ fn adoption_rebuilds_the_mirror_and_clears_unreachable_entries() {
     assert_eq!(adopted.size(), sync.size());
 }
 
+/// Adopts what `maps` hold, as a restarted agent does, and syncs `t` over it.
+fn adopt_and_sync(maps: &mut MemMaps, t: &LbTable) -> SyncReport {
+    let contents = maps.contents.clone();
+    let (mut adopted, _) = MapSync::adopt(Capacities::default(), &contents, maps).unwrap();
+    adopted.sync(Scope::All, desired::services(t, None), maps)
+}
+
 /// A frontend whose range a reader would refuse (a slot overwritten, a crash mid-write) is
 /// adopted as broken and rewritten by the next sync.
 #[test]
@@ -485,10 +492,52 @@ fn adoption_marks_a_refused_range_broken_and_the_next_sync_rewrites_it() {
     for slot in maps.contents.slots.values_mut() {
         slot.frontend_id += 100;
     }
-    let contents = maps.contents.clone();
-    let (mut adopted, _) = MapSync::adopt(Capacities::default(), &contents, &mut maps).unwrap();
-    let report = adopted.sync(Scope::All, desired::services(&t, None), &mut maps);
+    let report = adopt_and_sync(&mut maps, &t);
     assert_eq!(report.changed, [svc("web")]);
+    assert_eq!(read_back(&maps.contents), desired::entries(&t));
+    maps.contents.check_datapath_invariants().unwrap();
+}
+
+/// An IPv4 frontend of up to `INLINE_BACKENDS` backends carries copies of them; adoption keeps
+/// such entries as they are, and rewrites one whose copies are not its slots.
+#[test]
+fn adoption_keeps_entries_that_carry_their_backends_and_rewrites_wrong_copies() {
+    let few: Vec<Backend> = (1..=2).map(|h| backend("a", v4(h), 80)).collect();
+    let many: Vec<Backend> = (1..=7).map(|h| backend("a", v4(h), 80)).collect();
+    let t = table(&[
+        ("few", vip(1), vec![(80, few)]),
+        ("many", vip(2), vec![(80, many)]),
+    ]);
+    let mut sync = MapSync::new(Capacities::default());
+    let mut maps = MemMaps::new(Capacities::default());
+    sync_checked(&mut sync, &mut maps, &t);
+    let key = |last| match FeAddr::Port(FrontendAddr {
+        ip: vip(last),
+        port: 80,
+        protocol: Protocol::Tcp,
+    })
+    .key()
+    {
+        FeKey::V4(k) => k,
+        FeKey::V6(_) => unreachable!("an IPv4 VIP"),
+    };
+    let carries = |maps: &MemMaps, last| {
+        maps.contents.frontends4[&key(last)].flags & dataplane_ebpf::FRONTEND_F_INLINE != 0
+    };
+    assert!(carries(&maps, 1), "2 backends: carried");
+    assert!(!carries(&maps, 2), "7 backends: read from the slots");
+
+    let report = adopt_and_sync(&mut maps, &t);
+    assert!(report.changed.is_empty(), "{:?}", report.changed);
+
+    maps.contents
+        .frontends4
+        .get_mut(&key(1))
+        .expect("the entry of few")
+        .inline[1]
+        .port ^= 1;
+    let report = adopt_and_sync(&mut maps, &t);
+    assert_eq!(report.changed, [svc("few")]);
     assert_eq!(read_back(&maps.contents), desired::entries(&t));
     maps.contents.check_datapath_invariants().unwrap();
 }
@@ -580,20 +629,15 @@ fn one_failing_service_of_a_batch_is_reported_and_the_others_are_written() {
 }
 
 fn arb_table() -> impl Strategy<Value = LbTable> {
-    // Up to 4 services, each with one VIP (v4 or v6) and up to 3 ports, each with up to 4
-    // backends drawn from a small pool so sets overlap and change. A VIP's owner is drawn too,
-    // so VIPs move between services from one table to the next.
-    let pooled_backend = (0u8..3, 1u8..6, prop::bool::ANY).prop_map(|(c, host, v6)| {
-        let ip = if v6 {
-            IpAddr::V6(Ipv6Addr::new(0xfd01, 0, 0, 0, 0, 0, 0, host as u16))
-        } else {
-            v4(host)
-        };
-        (c, ip)
-    });
+    // Up to 4 services, each with one VIP (v4 or v6) and up to 3 ports, each with up to 8
+    // backends drawn from a small pool so sets overlap and change (and IPv4 frontends move
+    // between carrying their backends, up to 6, and reading them from slots). A VIP's owner
+    // is drawn too, so VIPs move between services from one table to the next. At most 4 x 2 x 8
+    // backends in use: the tests' 128 slots hold them twice over (old and new ranges).
+    let pooled_backend = (0u8..3, 1u8..6);
     let port = (
         prop::sample::select(vec![80u16, 443, 53]),
-        prop::collection::vec(pooled_backend, 0..4),
+        prop::collection::vec(pooled_backend, 0..9),
         prop::bool::ANY,
     );
     let service = (
@@ -618,8 +662,14 @@ fn arb_table() -> impl Strategy<Value = LbTable> {
             for (port, backends, affinity) in ports {
                 let mut bs: Vec<Backend> = backends
                     .into_iter()
-                    .filter(|(_, ip)| ip.is_ipv4() == vip.is_ipv4())
-                    .map(|(c, ip)| backend(["a", "b", "c"][c as usize], ip, port))
+                    .map(|(c, host)| {
+                        let ip = if v6 {
+                            IpAddr::V6(Ipv6Addr::new(0xfd01, 0, 0, 0, 0, 0, 0, host as u16))
+                        } else {
+                            v4(host)
+                        };
+                        backend(["a", "b", "c"][c as usize], ip, port)
+                    })
                     .collect();
                 bs.sort();
                 bs.dedup();
@@ -635,7 +685,7 @@ proptest! {
     /// per-write checks.
     #[test]
     fn scope_services_of_the_changed_services_follows_any_sequence(tables in prop::collection::vec(arb_table(), 1..6)) {
-        let caps = Capacities { slots: 24, ..Capacities::default() };
+        let caps = Capacities { slots: 128, ..Capacities::default() };
         let mut sync = MapSync::new(caps);
         let mut maps = MemMaps::new(caps);
         let mut prev = LbTable::default();
@@ -656,7 +706,7 @@ proptest! {
     /// reader a mixed set or rewrites a range a reader may still hold.
     #[test]
     fn maps_follow_any_sequence_of_tables(tables in prop::collection::vec(arb_table(), 1..6)) {
-        let caps = Capacities { slots: 24, ..Capacities::default() };
+        let caps = Capacities { slots: 128, ..Capacities::default() };
         let mut sync = MapSync::new(caps);
         let mut maps = MemMaps::new(caps);
         for t in &tables {

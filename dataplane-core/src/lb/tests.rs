@@ -75,6 +75,30 @@ fn ready_endpoints_serve_and_others_do_not_while_one_is_ready() {
     assert!(t.warnings.is_empty(), "{:?}", t.warnings);
 }
 
+/// The fallback endpoints met before the first ready one (a lower address in its slice, an
+/// earlier cluster's slice) are dropped once it is seen.
+#[test]
+fn a_ready_endpoint_listed_last_still_excludes_the_fallback_ones() {
+    let t = build(
+        &[web(&[("http", "TCP", 80)])],
+        &[
+            imported_slice("ns", "a", "web", "c1")
+                .port(("http", "TCP", 8080))
+                .endpoint(endpoint("10.0.0.1").conditions(TERMINATING))
+                .build(),
+            imported_slice("ns", "b", "web", "c2")
+                .port(("http", "TCP", 8080))
+                .endpoints([
+                    endpoint("10.0.1.1").conditions(TERMINATING),
+                    endpoint("10.0.1.2").ready(),
+                    endpoint("10.0.1.3").conditions(TERMINATING),
+                ])
+                .build(),
+        ],
+    );
+    assert_eq!(backends(&t, V4, 80, Tcp), vec!["c2/10.0.1.2:8080"]);
+}
+
 /// Each row is one endpoint alone in its frontend (so "no endpoint is ready" holds exactly when
 /// the row is not ready): whether it is used.
 #[test]
