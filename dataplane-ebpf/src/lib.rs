@@ -59,8 +59,13 @@
 //!    id is never followed; the frontend is looked up again, once, and the call is refused if
 //!    it still does not match.
 //!    A frontend with [`FRONTEND_F_INLINE`] holds its backends' copies in the same entry as
-//!    `base` and `count`, written by the same update: a reader of the entry reads a set that
-//!    the frontend had, whole.
+//!    `base` and `count`, written by the same update, each tagged with the frontend's id.
+//! 5. The kernel may reuse a replaced frontend element for the next insert at once (kernels
+//!    6.1 and later, preallocated or not). The programs copy the entry and look its key up
+//!    again: when another element is there now, they copy that one. A copy torn between two
+//!    frontends (an element reused while it was copied) fails the slot's or the copy's id
+//!    check; one torn between two versions of the same frontend can only yield a backend that
+//!    one of them had.
 //! 3. A frontend with `count == 0`, and a wildcard frontend (`port == 0 && proto == 0`, flag
 //!    [`FRONTEND_F_WILDCARD`]), reject the connection with `ECONNREFUSED`.
 //! 4. `AFFINITY_MATCH` holds `(frontend, backend)` while the backend is in the frontend's set, so
@@ -82,7 +87,8 @@
 ///   [`Counters`] padded to 32 bytes (two per cache line). A `.rodata` constant
 ///   (`MCS_COUNTER_STRIDE`) holds the stride.
 /// - 6: an IPv4 [`Frontend`] of at most [`INLINE_BACKENDS`] backends carries copies of them
-///   ([`Frontend::inline`], [`FRONTEND_F_INLINE`]); the value is 64 bytes.
+///   ([`Frontend::inline`], [`FRONTEND_F_INLINE`]), tagged with its id; the value is 64
+///   bytes.
 pub const PIN_VERSION: u32 = 6;
 
 pub const IPPROTO_TCP: u8 = 6;
@@ -226,7 +232,10 @@ pub struct InlineBackend {
     pub addr: u32,
     /// Port, network byte order.
     pub port: u16,
-    pub _pad: u16,
+    /// The low 16 bits of the frontend's id: a program that copied an entry while the kernel
+    /// reused its element for another frontend finds another tag (or 0, in an unused copy)
+    /// and looks the frontend up again.
+    pub frontend_tag: u16,
 }
 
 /// One backend of a frontend, in the frontend's range of `MCS_SLOTS`. IPv4 addresses use

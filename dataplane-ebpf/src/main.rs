@@ -49,8 +49,10 @@ use dataplane_ebpf::{
 /// Programs the benchmark attaches next to these (never the agent).
 mod bench_programs;
 
-/// Elements are allocated on write and freed after an RCU grace period, so a concurrent reader
-/// never sees a recycled element (the aliasing hazard of preallocated hash maps).
+/// Elements are allocated on write, so an update never rewrites the element a reader holds in
+/// place. A replaced element may still be reused for another key at once (kernels 6.1 and
+/// later free hash elements to a per-CPU cache, preallocated or not): readers copy a frontend
+/// and check that it is still the key's ([`copy_checked`]).
 const NO_PREALLOC: usize = 1;
 const MAX_FRONTENDS: usize = defaults::MAX_FRONTENDS as usize;
 const MAX_SLOTS: usize = defaults::MAX_SLOTS as usize;
@@ -120,10 +122,9 @@ trait Family {
     /// Whether the family's frontends may carry their backends ([`FRONTEND_F_INLINE`]): IPv4
     /// only, whose addresses fit the copies.
     const INLINE: bool;
-    /// The frontend entry of (address, port, protocol); `port == 0 && proto == 0` is the VIP's
-    /// wildcard. The map's own element, read in place (it is never recycled while a program
-    /// runs: see `NO_PREALLOC`), not a copy.
-    fn frontend(addr: Self::Addr, port: u16, proto: u8) -> Option<&'static Frontend>;
+    /// A copy of the frontend entry of (address, port, protocol) ([`copy_checked`]);
+    /// `port == 0 && proto == 0` is the VIP's wildcard.
+    fn frontend(addr: Self::Addr, port: u16, proto: u8) -> Option<Frontend>;
     /// Records that (socket, backend) stands for (VIP, port): written only when it is not so
     /// already.
     fn rev_record(
@@ -157,14 +158,14 @@ impl Family for V4 {
     }
 
     #[inline(always)]
-    fn frontend(addr: u32, port: u16, proto: u8) -> Option<&'static Frontend> {
+    fn frontend(addr: u32, port: u16, proto: u8) -> Option<Frontend> {
         let key = FrontendKey4 {
             addr,
             port,
             proto,
             _pad: 0,
         };
-        unsafe { FRONTENDS4.get(&key) }
+        copy_checked(&FRONTENDS4, &key)
     }
 
     /// An existing entry is rewritten in place with one aligned 8-byte store (the value is 8
@@ -237,14 +238,14 @@ impl Family for V6 {
     }
 
     #[inline(always)]
-    fn frontend(addr: [u32; 4], port: u16, proto: u8) -> Option<&'static Frontend> {
+    fn frontend(addr: [u32; 4], port: u16, proto: u8) -> Option<Frontend> {
         let key = FrontendKey6 {
             addr,
             port,
             proto,
             _pad: 0,
         };
-        unsafe { FRONTENDS6.get(&key) }
+        copy_checked(&FRONTENDS6, &key)
     }
 
     /// A 20-byte value cannot be stored in one instruction: a changed entry is replaced whole
@@ -299,15 +300,6 @@ fn rev4_value(word: u64) -> RevNatValue4 {
     unsafe { core::mem::transmute::<u64, RevNatValue4>(word) }
 }
 
-enum Verdict<A> {
-    /// Rewrite the destination to this backend.
-    Translate(A, u16),
-    /// Refuse with this (negative) errno.
-    Reject(i32),
-    /// Not a VIP: leave the call alone.
-    Pass,
-}
-
 /// What `choose` found.
 enum Choice {
     /// A backend of the frontend (id): its address words and port, as a slot holds them.
@@ -348,10 +340,35 @@ fn l4_proto(sa: &bpf_sock_addr) -> Option<u8> {
     }
 }
 
+/// A copy of the frontend element of `key`, checked to be still the key's by looking the key
+/// up again. Since kernel 6.1 a hash map reuses a freed element for the next insert
+/// at once, so an element that an update replaced while this program held it may already be
+/// another frontend's: the second lookup (of lines now in the cache) finds the key's current
+/// element, which is copied instead when it is another one. A copy torn between two frontends
+/// is caught later by the slots' and the copies' frontend ids.
+#[inline(always)]
+fn copy_checked<K>(
+    map: &HashMap<K, Frontend, MAX_FRONTENDS, NO_PREALLOC>,
+    key: &K,
+) -> Option<Frontend> {
+    let found = map.get_ptr(key)?;
+    // SAFETY: pointers from a map lookup, valid for the program's run (RCU).
+    let copy = unsafe { *found };
+    let now = map.get_ptr(key)?;
+    if now == found {
+        Some(copy)
+    } else {
+        Some(unsafe { *now })
+    }
+}
+
 /// The frontend of a destination: its (port, protocol) entry, else the VIP's wildcard.
 #[inline(always)]
-fn lookup<F: Family>(addr: F::Addr, port: u16, proto: u8) -> Option<&'static Frontend> {
-    F::frontend(addr, port, proto).or_else(|| F::frontend(addr, 0, 0))
+fn lookup<F: Family>(addr: F::Addr, port: u16, proto: u8) -> Option<Frontend> {
+    match F::frontend(addr, port, proto) {
+        Some(fe) => Some(fe),
+        None => F::frontend(addr, 0, 0),
+    }
 }
 
 /// Chooses a backend for a frontend: the client's affinity entry if it is fresh and its backend
@@ -394,10 +411,14 @@ fn choose<F: Family>(ctx: &SockAddrContext, fe: &Frontend, draw: u32) -> Choice 
     }
     let index = pick_slot(draw, fe.count);
     let (addr, port) = if F::INLINE && fe.flags & FRONTEND_F_INLINE != 0 {
-        // The copies were written with `count`, in the same entry: no slot to check.
+        // The copies were written with `count`, in the same entry; the tag catches a copy of
+        // an element that was being reused for another frontend.
         let Some(b) = fe.inline.get(index as usize) else {
             return Choice::Stale(fe.id);
         };
+        if b.frontend_tag != fe.id as u16 {
+            return Choice::Stale(fe.id);
+        }
         ([b.addr, 0, 0, 0], b.port)
     } else {
         // An index past the array or a slot of another frontend: the frontend changed under
@@ -508,20 +529,25 @@ fn record<F: Family>(
     F::rev_record(cookie, backend, backend_port, vip, vip_port)
 }
 
-/// The forward translation of a destination `(vip, port)` of family `F`.
+/// The forward translation of a destination `(vip, port)` of family `F`: `write` rewrites the
+/// destination to the chosen backend. Returns the program's verdict. (Each outcome returns
+/// where it is decided: a verdict value carried to one exit compiled to a register that is
+/// undefined on the paths that do not translate, which the verifier refuses.)
 #[inline(always)]
 fn forward<F: Family>(
     ctx: &SockAddrContext,
     hook: Hook,
     vip: F::Addr,
     vip_port: u16,
-) -> Verdict<F::Addr> {
+    write: impl FnOnce(F::Addr, u16),
+) -> i32 {
     let sa = unsafe { &*ctx.sock_addr };
+    // Not a VIP (or not TCP/UDP): the call is left alone.
     let Some(proto) = l4_proto(sa) else {
-        return Verdict::Pass;
+        return ALLOW;
     };
     let Some(fe) = lookup::<F>(vip, vip_port, proto) else {
-        return Verdict::Pass;
+        return ALLOW;
     };
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     // TCP: a fresh draw per connection. UDP: one backend per socket, so that every datagram
@@ -532,9 +558,9 @@ fn forward<F: Family>(
     } else {
         cookie_hash(cookie)
     };
-    let choice = match choose::<F>(ctx, fe, draw) {
+    let choice = match choose::<F>(ctx, &fe, draw) {
         Choice::Stale(id) => match lookup::<F>(vip, vip_port, proto) {
-            Some(fe) => choose::<F>(ctx, fe, draw),
+            Some(fe) => choose::<F>(ctx, &fe, draw),
             None => Choice::Reject(id),
         },
         c => c,
@@ -543,7 +569,7 @@ fn forward<F: Family>(
         Choice::Reject(id) | Choice::Stale(id) => {
             bump(id, |c| c.rejects += 1);
             debug!(ctx, "reject frontend {}", id);
-            Verdict::Reject(-ECONNREFUSED)
+            reject(-ECONNREFUSED)
         }
         Choice::Backend(id, addr, port) => {
             let backend = F::from_words(addr);
@@ -552,10 +578,11 @@ fn forward<F: Family>(
             if let Err(e) = record::<F>(ctx, hook, cookie, backend, port, vip, vip_port) {
                 bump(id, |c| c.rejects += 1);
                 debug!(ctx, "reject frontend {}: reverse entry failed {}", id, e);
-                return Verdict::Reject(if e < 0 { e } else { -ENOMEM });
+                return reject(if e < 0 { e } else { -ENOMEM });
             }
             bump(id, |c| c.translations += 1);
-            Verdict::Translate(backend, port)
+            write(backend, port);
+            ALLOW
         }
     }
 }
@@ -601,20 +628,11 @@ fn connected(ctx: &SockAddrContext) -> bool {
     unsafe { (*sa.__bindgen_anon_1.sk).state == TCP_ESTABLISHED }
 }
 
-/// Applies a verdict: the program's return value.
+/// Refuses the call with `errno` (negative): the program's return value.
 #[inline(always)]
-fn apply<A>(verdict: Verdict<A>, write: impl FnOnce(A, u16)) -> i32 {
-    match verdict {
-        Verdict::Pass => ALLOW,
-        Verdict::Translate(addr, port) => {
-            write(addr, port);
-            ALLOW
-        }
-        Verdict::Reject(errno) => {
-            unsafe { bpf_set_retval(errno) };
-            DENY
-        }
-    }
+fn reject(errno: i32) -> i32 {
+    unsafe { bpf_set_retval(errno) };
+    DENY
 }
 
 #[inline(always)]
@@ -639,8 +657,8 @@ fn set_user_ip6(sa: &mut bpf_sock_addr, addr: [u32; 4]) {
 #[inline(always)]
 fn forward4(ctx: &SockAddrContext, hook: Hook) -> i32 {
     let sa = unsafe { &mut *ctx.sock_addr };
-    let verdict = forward::<V4>(ctx, hook, sa.user_ip4, sa.user_port as u16);
-    apply(verdict, |addr, port| {
+    let (vip, vip_port) = (sa.user_ip4, sa.user_port as u16);
+    forward::<V4>(ctx, hook, vip, vip_port, |addr, port| {
         sa.user_ip4 = addr;
         sa.user_port = port as u32;
     })
@@ -654,14 +672,12 @@ fn forward6(ctx: &SockAddrContext, hook: Hook) -> i32 {
     let dst = user_ip6(sa);
     let port = sa.user_port as u16;
     if let Some(v4) = ip6_mapped_v4(dst) {
-        let verdict = forward::<V4>(ctx, hook, v4, port);
-        return apply(verdict, |addr, port| {
+        return forward::<V4>(ctx, hook, v4, port, |addr, port| {
             set_user_ip6(sa, ip6_v4_mapped(addr));
             sa.user_port = port as u32;
         });
     }
-    let verdict = forward::<V6>(ctx, hook, dst, port);
-    apply(verdict, |addr, port| {
+    forward::<V6>(ctx, hook, dst, port, |addr, port| {
         set_user_ip6(sa, addr);
         sa.user_port = port as u32;
     })

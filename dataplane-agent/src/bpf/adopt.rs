@@ -5,7 +5,9 @@
 //!
 //! Frontends themselves are kept until the first sync against complete desired entries
 //! decides about them; one whose range a reader would refuse (a slot without its id, a range
-//! overlapping another's or past the array) is adopted as *broken*, so that sync rewrites it.
+//! overlapping another's or past the array) is adopted as *broken*, so that sync rewrites it;
+//! one whose range is whole but whose value differs from what the writer would put there (its
+//! backends' copies) has its value rewritten.
 
 use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
 
@@ -118,7 +120,11 @@ impl MapSync {
             // The copies the entry should carry, from its slots; an entry whose copies differ
             // (or that lacks them) is rewritten by the first sync.
             let inline = if whole {
-                inline_backends(family == AF_INET, slots.iter().map(|s| (s.addr, s.port)))
+                inline_backends(
+                    family == AF_INET,
+                    fe.id,
+                    slots.iter().map(|s| (s.addr, s.port)),
+                )
             } else {
                 None
             };
@@ -136,9 +142,10 @@ impl MapSync {
                 port_name: port_name.into(),
                 clusters: clusters.into_boxed_slice(),
                 broken: !whole,
+                value_differs: false,
                 inline,
             };
-            installed.broken |= installed.abi() != *fe;
+            installed.value_differs = whole && installed.abi() != *fe;
             sync.by_service.entry(service).or_default().push(addr);
             sync.install(addr, installed);
         }

@@ -287,12 +287,13 @@ pub fn read_back(contents: &MapContents) -> BTreeMap<FeAddr, (NamespacedName, De
                 .unwrap_or_else(|| "".into())
         };
         let backends = if fe.flags & FRONTEND_F_INLINE != 0 {
-            // What the programs read: the entry's copies (the cluster, which they do not
-            // need, from the slots).
+            // What the programs read: the entry's copies that carry its id (the cluster,
+            // which they do not need, from the slots).
             fe.inline
                 .iter()
                 .take(usize::from(fe.count))
                 .enumerate()
+                .filter(|(_, b)| b.frontend_tag == fe.id as u16)
                 .map(|(i, b)| DesiredBackend {
                     ip: IpAddr::V4(ip4_from_word(b.addr)),
                     port: port_from_word(b.port),

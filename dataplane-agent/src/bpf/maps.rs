@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use dataplane_ebpf::{
     AffinityMatchKey, ClusterName, Counters, FRONTEND_F_INLINE, Frontend, FrontendKey4,
-    FrontendKey6, FrontendName, INLINE_BACKENDS, Slot,
+    FrontendKey6, FrontendName, INLINE_BACKENDS, InlineBackend, Slot,
 };
 
 pub use dataplane_ebpf::defaults;
@@ -222,11 +222,13 @@ impl MapContents {
             };
             if fe.flags & FRONTEND_F_INLINE != 0 {
                 let copies_are_the_slots = matches!(key, FeKey::V4(_))
-                    && slots.len() <= INLINE_BACKENDS
-                    && slots
+                    && (1..=INLINE_BACKENDS).contains(&slots.len())
+                    && slots.iter().zip(&fe.inline).all(|(s, c)| {
+                        s.addr[0] == c.addr && s.port == c.port && c.frontend_tag == fe.id as u16
+                    })
+                    && fe.inline[slots.len()..]
                         .iter()
-                        .zip(&fe.inline)
-                        .all(|(s, c)| s.addr[0] == c.addr && s.port == c.port);
+                        .all(|c| *c == InlineBackend::default());
                 if !copies_are_the_slots {
                     return Err(format!(
                         "{key:?}: the entry's copies {:?} are not its slots {slots:?}",

@@ -339,8 +339,10 @@ impl MapSync {
             port_name: Arc::from(fe.port_name.as_str()),
             clusters: clusters.into_boxed_slice(),
             broken: false,
+            value_differs: false,
             inline: inline_backends(
                 matches!(key, FeKey::V4(_)),
+                id,
                 fe.backends
                     .iter()
                     .map(|b| (addr_words(b.ip).0, port_word(b.port))),
@@ -400,7 +402,7 @@ impl MapSync {
 
         if old
             .as_ref()
-            .is_none_or(|o| o.abi() != new.abi() || o.broken)
+            .is_none_or(|o| o.abi() != new.abi() || o.broken || o.value_differs)
         {
             let undo = match &old {
                 Some(o) => MapOp::PutFrontend(key, Box::new(o.abi())),

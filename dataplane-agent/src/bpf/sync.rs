@@ -147,16 +147,22 @@ pub(super) struct Installed {
     /// Set on adoption when a reader would refuse the entry (a slot without its id): the next
     /// sync rewrites it whatever it compares to.
     pub broken: bool,
+    /// Set on adoption when the entry's range is whole but its value is not what the mirror
+    /// would write (copies that are not its slots'): the next sync writes the value again,
+    /// keeping the range.
+    pub value_differs: bool,
     /// The copies of its slots that the entry carries ([`inline_backends`]), as the entry
     /// holds them; none when the programs read the slots. Boxed: most entries of a large
     /// table have none, and the mirror keeps one of these per entry.
     pub inline: Option<Box<[abi::InlineBackend; abi::INLINE_BACKENDS]>>,
 }
 
-/// The copies of a frontend's backends (slot address and port words, in slot order) that its
-/// entry carries: all of them for an IPv4 frontend of `1..=INLINE_BACKENDS`, else none.
+/// The copies of a frontend's backends (slot address and port words, in slot order) that the
+/// entry of frontend `id` carries: all of them for an IPv4 frontend of `1..=INLINE_BACKENDS`,
+/// else none.
 pub(super) fn inline_backends(
     v4: bool,
+    id: u32,
     slots: impl ExactSizeIterator<Item = ([u32; 4], u16)>,
 ) -> Option<Box<[abi::InlineBackend; abi::INLINE_BACKENDS]>> {
     if !v4 || slots.len() == 0 || slots.len() > abi::INLINE_BACKENDS {
@@ -167,7 +173,7 @@ pub(super) fn inline_backends(
         *copy = abi::InlineBackend {
             addr: addr[0],
             port,
-            _pad: 0,
+            frontend_tag: id as u16,
         };
     }
     Some(copies)
@@ -204,6 +210,7 @@ impl Installed {
     /// Whether the entry is exactly `d` of `service` (`digest` is `d`'s).
     pub fn same_as(&self, service: &NamespacedName, d: &DesiredFrontend, digest: u64) -> bool {
         !self.broken
+            && !self.value_differs
             && self.digest == digest
             && self.flags == d.flags
             && self.affinity_timeout_s == d.affinity_timeout_s

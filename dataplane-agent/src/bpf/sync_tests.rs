@@ -475,10 +475,11 @@ fn adoption_rebuilds_the_mirror_and_clears_unreachable_entries() {
 }
 
 /// Adopts what `maps` hold, as a restarted agent does, and syncs `t` over it.
-fn adopt_and_sync(maps: &mut MemMaps, t: &LbTable) -> SyncReport {
+fn adopt_and_sync(maps: &mut MemMaps, t: &LbTable) -> (MapSync, SyncReport) {
     let contents = maps.contents.clone();
     let (mut adopted, _) = MapSync::adopt(Capacities::default(), &contents, maps).unwrap();
-    adopted.sync(Scope::All, desired::services(t, None), maps)
+    let report = adopted.sync(Scope::All, desired::services(t, None), maps);
+    (adopted, report)
 }
 
 /// A frontend whose range a reader would refuse (a slot overwritten, a crash mid-write) is
@@ -492,7 +493,7 @@ fn adoption_marks_a_refused_range_broken_and_the_next_sync_rewrites_it() {
     for slot in maps.contents.slots.values_mut() {
         slot.frontend_id += 100;
     }
-    let report = adopt_and_sync(&mut maps, &t);
+    let (_, report) = adopt_and_sync(&mut maps, &t);
     assert_eq!(report.changed, [svc("web")]);
     assert_eq!(read_back(&maps.contents), desired::entries(&t));
     maps.contents.check_datapath_invariants().unwrap();
@@ -504,10 +505,15 @@ fn adoption_marks_a_refused_range_broken_and_the_next_sync_rewrites_it() {
 fn adoption_keeps_entries_that_carry_their_backends_and_rewrites_wrong_copies() {
     let few: Vec<Backend> = (1..=2).map(|h| backend("a", v4(h), 80)).collect();
     let many: Vec<Backend> = (1..=7).map(|h| backend("a", v4(h), 80)).collect();
-    let t = table(&[
-        ("few", vip(1), vec![(80, few)]),
-        ("many", vip(2), vec![(80, many)]),
-    ]);
+    // With affinity, so that the affinity-match accounting is checked too.
+    let t = lb_table()
+        .service(svc("few"), vip(1))
+        .tcp(80, "p80", few)
+        .affinity(Some(30))
+        .service(svc("many"), vip(2))
+        .tcp(80, "p80", many)
+        .affinity(Some(30))
+        .build();
     let mut sync = MapSync::new(Capacities::default());
     let mut maps = MemMaps::new(Capacities::default());
     sync_checked(&mut sync, &mut maps, &t);
@@ -519,7 +525,7 @@ fn adoption_keeps_entries_that_carry_their_backends_and_rewrites_wrong_copies() 
     .key()
     {
         FeKey::V4(k) => k,
-        FeKey::V6(_) => unreachable!("an IPv4 VIP"),
+        FeKey::V6(_) => panic!("an IPv4 VIP"),
     };
     let carries = |maps: &MemMaps, last| {
         maps.contents.frontends4[&key(last)].flags & dataplane_ebpf::FRONTEND_F_INLINE != 0
@@ -527,7 +533,7 @@ fn adoption_keeps_entries_that_carry_their_backends_and_rewrites_wrong_copies() 
     assert!(carries(&maps, 1), "2 backends: carried");
     assert!(!carries(&maps, 2), "7 backends: read from the slots");
 
-    let report = adopt_and_sync(&mut maps, &t);
+    let (_, report) = adopt_and_sync(&mut maps, &t);
     assert!(report.changed.is_empty(), "{:?}", report.changed);
 
     maps.contents
@@ -536,10 +542,17 @@ fn adoption_keeps_entries_that_carry_their_backends_and_rewrites_wrong_copies() 
         .expect("the entry of few")
         .inline[1]
         .port ^= 1;
-    let report = adopt_and_sync(&mut maps, &t);
+    let (mut adopted, report) = adopt_and_sync(&mut maps, &t);
     assert_eq!(report.changed, [svc("few")]);
     assert_eq!(read_back(&maps.contents), desired::entries(&t));
     maps.contents.check_datapath_invariants().unwrap();
+    // The value alone was rewritten: the ranges and affinity matches are counted once, and a
+    // second sync changes nothing.
+    let report = adopted.sync(Scope::All, desired::services(&t, None), &mut maps);
+    assert!(report.changed.is_empty(), "{:?}", report.changed);
+    assert_eq!(adopted.slots.used(), 2 + 7);
+    assert_eq!(adopted.used_affinity, 2 + 7);
+    assert_eq!(maps.contents.affinity_match.len(), 2 + 7);
 }
 
 /// Cluster ids are reference-counted: a thousand clusters coming and going one at a time fit
