@@ -59,17 +59,21 @@
 //!    id is never followed; the frontend is looked up again, once, and the call is refused if
 //!    it still does not match.
 //!    A frontend with [`FRONTEND_F_INLINE`] holds its backends' copies in the same entry as
-//!    `base` and `count`, written by the same update, each tagged with the frontend's id.
-//! 5. The kernel may reuse a replaced frontend element for the next insert at once (kernels
-//!    6.1 and later, preallocated or not). The programs copy the entry and look its key up
-//!    again: when another element is there now, they copy that one. A copy torn between two
-//!    frontends (an element reused while it was copied) fails the slot's or the copy's id
-//!    check; one torn between two versions of the same frontend can only yield a backend that
-//!    one of them had.
+//!    `base` and `count`, written by the same update, each tagged with [`frontend_tag`] of
+//!    its id.
 //! 3. A frontend with `count == 0`, and a wildcard frontend (`port == 0 && proto == 0`, flag
 //!    [`FRONTEND_F_WILDCARD`]), reject the connection with `ECONNREFUSED`.
 //! 4. `AFFINITY_MATCH` holds `(frontend, backend)` while the backend is in the frontend's set, so
 //!    a stale affinity entry is never followed to a removed backend.
+//! 5. The kernel may reuse a replaced frontend element for the next insert at once (kernels
+//!    6.1 and later, preallocated or not), so a program may find another frontend's entry in
+//!    the element it looked up. The programs copy the entry and look its key up again; when
+//!    another element is there now, they copy that one and check it the same way, and when
+//!    the key's element changes twice in that time they take the VIP's wildcard entry
+//!    (refuse). A copy torn between two frontends fails the slot's or the copy's id check.
+//!    Not caught: an element that leaves the key and returns to it while it is copied (two
+//!    updates of that key within the copy), and a copy torn between two versions of one
+//!    frontend, which can yield a backend that it had recently.
 #![no_std]
 
 /// Version of the map layout. Pins live under `<pin root>/v{PIN_VERSION}`.
@@ -232,10 +236,18 @@ pub struct InlineBackend {
     pub addr: u32,
     /// Port, network byte order.
     pub port: u16,
-    /// The low 16 bits of the frontend's id: a program that copied an entry while the kernel
+    /// [`frontend_tag`] of the frontend's id: a program that copied an entry while the kernel
     /// reused its element for another frontend finds another tag (or 0, in an unused copy)
     /// and looks the frontend up again.
     pub frontend_tag: u16,
+}
+
+/// The tag of frontend `id`'s copies ([`InlineBackend::frontend_tag`]): never 0, the tag of
+/// an unused copy. Ids 65,535 apart share a tag (ids 1 and 65,536 at the default
+/// `MAX_FRONTENDS`), which only weakens the check of a copy torn between those two.
+#[inline(always)]
+pub fn frontend_tag(id: u32) -> u16 {
+    (id % 0xffff) as u16 + 1
 }
 
 /// One backend of a frontend, in the frontend's range of `MCS_SLOTS`. IPv4 addresses use
@@ -477,6 +489,18 @@ mod tests {
     use core::mem::size_of;
 
     use super::*;
+
+    #[test]
+    fn frontend_tags_are_never_those_of_unused_copies_and_differ_for_nearby_ids() {
+        let mut seen = [false; 0x1_0000];
+        for id in 1..=0xffff {
+            let tag = frontend_tag(id);
+            assert_ne!(tag, 0, "id {id}");
+            assert!(!seen[tag as usize], "id {id}: tag {tag} given twice");
+            seen[tag as usize] = true;
+        }
+        assert_ne!(frontend_tag(0x1_0000), 0);
+    }
 
     #[test]
     fn layouts_have_no_implicit_padding() {

@@ -43,7 +43,7 @@ use dataplane_ebpf::{
     Counters, ECONNREFUSED, ENOMEM, FRONTEND_F_AFFINITY, FRONTEND_F_INLINE, FRONTEND_F_WILDCARD,
     Frontend, FrontendKey4, FrontendKey6, FrontendName, IPPROTO_TCP, IPPROTO_UDP, RevNatKey4,
     RevNatKey6, RevNatValue4, RevNatValue6, Slot, SockRevNat, affinity_fresh, cookie_hash,
-    defaults, ip6_mapped_v4, ip6_v4_mapped, pick_slot,
+    defaults, frontend_tag, ip6_mapped_v4, ip6_v4_mapped, pick_slot,
 };
 
 /// Programs the benchmark attaches next to these (never the agent).
@@ -341,11 +341,12 @@ fn l4_proto(sa: &bpf_sock_addr) -> Option<u8> {
 }
 
 /// A copy of the frontend element of `key`, checked to be still the key's by looking the key
-/// up again. Since kernel 6.1 a hash map reuses a freed element for the next insert
-/// at once, so an element that an update replaced while this program held it may already be
-/// another frontend's: the second lookup (of lines now in the cache) finds the key's current
-/// element, which is copied instead when it is another one. A copy torn between two frontends
-/// is caught later by the slots' and the copies' frontend ids.
+/// up again. Since kernel 6.1 a hash map reuses a freed element for the next insert at once,
+/// so an element that an update replaced while this program held it may already be another
+/// frontend's: the second lookup (of lines now in the cache) finds the key's current element,
+/// which is copied and checked instead when it is another one. A copy torn between two
+/// frontends is caught later by the slots' and the copies' frontend ids. Invariant 5 in
+/// `lib.rs` says what is not caught.
 #[inline(always)]
 fn copy_checked<K>(
     map: &HashMap<K, Frontend, MAX_FRONTENDS, NO_PREALLOC>,
@@ -356,10 +357,12 @@ fn copy_checked<K>(
     let copy = unsafe { *found };
     let now = map.get_ptr(key)?;
     if now == found {
-        Some(copy)
-    } else {
-        Some(unsafe { *now })
+        return Some(copy);
     }
+    // Replaced while it was copied: the same check on the element there now, once (the
+    // caller then takes the wildcard).
+    let copy = unsafe { *now };
+    (map.get_ptr(key)? == now).then_some(copy)
 }
 
 /// The frontend of a destination: its (port, protocol) entry, else the VIP's wildcard.
@@ -416,7 +419,7 @@ fn choose<F: Family>(ctx: &SockAddrContext, fe: &Frontend, draw: u32) -> Choice 
         let Some(b) = fe.inline.get(index as usize) else {
             return Choice::Stale(fe.id);
         };
-        if b.frontend_tag != fe.id as u16 {
+        if b.frontend_tag != frontend_tag(fe.id) {
             return Choice::Stale(fe.id);
         }
         ([b.addr, 0, 0, 0], b.port)

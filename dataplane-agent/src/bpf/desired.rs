@@ -293,7 +293,7 @@ pub fn read_back(contents: &MapContents) -> BTreeMap<FeAddr, (NamespacedName, De
                 .iter()
                 .take(usize::from(fe.count))
                 .enumerate()
-                .filter(|(_, b)| b.frontend_tag == fe.id as u16)
+                .filter(|(_, b)| b.frontend_tag == dataplane_ebpf::frontend_tag(fe.id))
                 .map(|(i, b)| DesiredBackend {
                     ip: IpAddr::V4(ip4_from_word(b.addr)),
                     port: port_from_word(b.port),

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use dataplane_ebpf::{
     AffinityMatchKey, ClusterName, Counters, FRONTEND_F_INLINE, Frontend, FrontendKey4,
-    FrontendKey6, FrontendName, INLINE_BACKENDS, InlineBackend, Slot,
+    FrontendKey6, FrontendName, INLINE_BACKENDS, InlineBackend, Slot, frontend_tag,
 };
 
 pub use dataplane_ebpf::defaults;
@@ -224,7 +224,9 @@ impl MapContents {
                 let copies_are_the_slots = matches!(key, FeKey::V4(_))
                     && (1..=INLINE_BACKENDS).contains(&slots.len())
                     && slots.iter().zip(&fe.inline).all(|(s, c)| {
-                        s.addr[0] == c.addr && s.port == c.port && c.frontend_tag == fe.id as u16
+                        s.addr[0] == c.addr
+                            && s.port == c.port
+                            && c.frontend_tag == frontend_tag(fe.id)
                     })
                     && fe.inline[slots.len()..]
                         .iter()

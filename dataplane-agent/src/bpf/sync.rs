@@ -173,7 +173,7 @@ pub(super) fn inline_backends(
         *copy = abi::InlineBackend {
             addr: addr[0],
             port,
-            frontend_tag: id as u16,
+            frontend_tag: abi::frontend_tag(id),
         };
     }
     Some(copies)

@@ -11,7 +11,10 @@ use dataplane_core::{
     fixtures::{backend, lb_table},
     lb::{Backend, Frontend, FrontendAddr, LbTable, Protocol},
 };
-use dataplane_ebpf::{AffinityMatchKey, ClusterName, FRONTEND_F_WILDCARD, FrontendName, Slot};
+use dataplane_ebpf::{
+    AffinityMatchKey, ClusterName, FRONTEND_F_WILDCARD, FrontendKey4, FrontendName, InlineBackend,
+    Slot,
+};
 use proptest::prelude::*;
 
 use super::*;
@@ -536,12 +539,15 @@ fn adoption_keeps_entries_that_carry_their_backends_and_rewrites_wrong_copies() 
     let (_, report) = adopt_and_sync(&mut maps, &t);
     assert!(report.changed.is_empty(), "{:?}", report.changed);
 
-    maps.contents
-        .frontends4
-        .get_mut(&key(1))
-        .expect("the entry of few")
-        .inline[1]
-        .port ^= 1;
+    fn copies<'m>(maps: &'m mut MemMaps, key: &FrontendKey4) -> &'m mut [InlineBackend] {
+        &mut maps
+            .contents
+            .frontends4
+            .get_mut(key)
+            .expect("the entry")
+            .inline
+    }
+    copies(&mut maps, &key(1))[1].port ^= 1;
     let (mut adopted, report) = adopt_and_sync(&mut maps, &t);
     assert_eq!(report.changed, [svc("few")]);
     assert_eq!(read_back(&maps.contents), desired::entries(&t));
@@ -553,6 +559,16 @@ fn adoption_keeps_entries_that_carry_their_backends_and_rewrites_wrong_copies() 
     assert_eq!(adopted.slots.used(), 2 + 7);
     assert_eq!(adopted.used_affinity, 2 + 7);
     assert_eq!(maps.contents.affinity_match.len(), 2 + 7);
+
+    // A copy with the right backend and another frontend's tag is refused by the programs:
+    // neither read back nor kept.
+    copies(&mut maps, &key(1))[0].frontend_tag ^= 1;
+    assert!(maps.contents.check_datapath_invariants().is_err());
+    assert_ne!(read_back(&maps.contents), desired::entries(&t));
+    let (_, report) = adopt_and_sync(&mut maps, &t);
+    assert_eq!(report.changed, [svc("few")]);
+    assert_eq!(read_back(&maps.contents), desired::entries(&t));
+    maps.contents.check_datapath_invariants().unwrap();
 }
 
 /// Cluster ids are reference-counted: a thousand clusters coming and going one at a time fit
