@@ -8,10 +8,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use dataplane_ebpf::{
     AffinityMatchKey, ClusterName, Counters, FRONTEND_F_INLINE, Frontend, FrontendKey4,
-    FrontendKey6, FrontendName, INLINE_BACKENDS, InlineBackend, Slot, frontend_tag,
+    FrontendKey6, FrontendName, Slot,
 };
 
 pub use dataplane_ebpf::defaults;
+
+use super::sync::inline_backends;
 
 /// The maps the agent writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -221,16 +223,13 @@ impl MapContents {
                 ));
             };
             if fe.flags & FRONTEND_F_INLINE != 0 {
-                let copies_are_the_slots = matches!(key, FeKey::V4(_))
-                    && (1..=INLINE_BACKENDS).contains(&slots.len())
-                    && slots.iter().zip(&fe.inline).all(|(s, c)| {
-                        s.addr[0] == c.addr
-                            && s.port == c.port
-                            && c.frontend_tag == frontend_tag(fe.id)
-                    })
-                    && fe.inline[slots.len()..]
-                        .iter()
-                        .all(|c| *c == InlineBackend::default());
+                // What the writer derives from these slots: every copy, tagged, the rest zero.
+                let copies_are_the_slots = inline_backends(
+                    matches!(key, FeKey::V4(_)),
+                    fe.id,
+                    slots.iter().map(|s| (s.addr, s.port)),
+                )
+                .is_some_and(|copies| *copies == fe.inline);
                 if !copies_are_the_slots {
                     return Err(format!(
                         "{key:?}: the entry's copies {:?} are not its slots {slots:?}",
