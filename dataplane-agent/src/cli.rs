@@ -22,7 +22,7 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Standalone mode: merge the clusters in DIR, program this host, keep a report.
+    /// Run the agent: Kubernetes mode (--config) or standalone (--clusterset-dir DIR).
     Run(RunArgs),
     /// Node role from files: route the ServiceImports and imported EndpointSlices in DIR.
     Node(NodeArgs),

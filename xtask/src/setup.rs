@@ -22,6 +22,8 @@ const PACKAGES: &[&str] = &[
     "fonts-dejavu-core",
     "qemu-system-x86",
     "busybox-static",
+    // `kubernetes-validate` comes from PyPI.
+    "python3-pip",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
