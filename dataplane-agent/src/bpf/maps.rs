@@ -294,6 +294,9 @@ pub struct MemMaps {
     pub fail_write_in: Option<usize>,
     /// Fails every write of this frontend entry with EIO.
     pub refuse_frontend: Option<FeKey>,
+    /// Fails this many deletes of this frontend entry with EBUSY (as a bucket lock held by a
+    /// program on the same CPU does).
+    pub fail_deletes: Option<(FeKey, usize)>,
     /// Successful writes so far.
     pub writes: usize,
     /// Calls of [`MapWriter::quiesce`] so far.
@@ -335,6 +338,17 @@ impl MapWriter for MemMaps {
                 });
             }
             self.fail_write_in = Some(n - 1);
+        }
+        if let (MapOp::DelFrontend(k), Some((key, n))) = (op, &mut self.fail_deletes)
+            && k == key
+            && *n > 0
+        {
+            *n -= 1;
+            return Err(MapWriteError {
+                map: op.map(),
+                errno: Some(libc::EBUSY),
+                message: "injected delete failure".into(),
+            });
         }
         if let MapOp::PutFrontend(k, _) = op
             && self.refuse_frontend == Some(*k)

@@ -31,6 +31,12 @@
 //! while the others are written. Before planning a service's writes, the writer checks that
 //! they fit the free room of every map, so a full map normally refuses the change before the
 //! first write.
+//!
+//! A VIP that moves between services in one sync is written over: the new owner's flip
+//! replaces the old owner's entry in one update, and the old owner's delete of that key is
+//! dropped, so the VIP never goes missing from the maps. (Unless the maps are full: a new owner
+//! that only fits once the old owner's removal has made room is written after it, and the VIP
+//! is absent in between; `SyncReport::retried` counts those services.)
 
 use std::{collections::BTreeSet, sync::Arc};
 
@@ -107,10 +113,14 @@ impl SyncError {
 pub struct SyncReport {
     pub changed: Vec<NamespacedName>,
     pub failed: Vec<SyncError>,
-    /// Deletes that failed; they leave unreachable entries behind, never a broken frontend.
+    /// Deletes that failed twice. They leave unreachable entries behind, or a removed frontend
+    /// that still serves its old backends (its id and slots stay taken); never a broken one.
     pub delete_errors: Vec<MapWriteError>,
     /// Map entries written (and deleted).
     pub writes: usize,
+    /// Services tried again once this sync's removals had made room in full maps. A VIP that
+    /// one of them took over from a removed service was absent from the maps in between.
+    pub retried: usize,
 }
 
 /// A sync under way: its report, and the services that failed with what they wanted.
@@ -256,11 +266,22 @@ impl Change {
         })
     }
 
-    pub fn keys_deleted(&self) -> impl Iterator<Item = FeKey> + '_ {
-        self.deletes.iter().filter_map(|op| match op {
-            MapOp::DelFrontend(k) => Some(*k),
-            _ => None,
-        })
+    /// A removed frontend whose delete failed: its id and slot range stay taken, and it still
+    /// counts in its map. Returns the cluster ids its slots name, which stay referenced.
+    fn keep_undeleted(&mut self, key: FeKey) -> Box<[u16]> {
+        let Some((id, range, clusters)) = self.was.iter().find_map(|(addr, was)| {
+            was.as_ref()
+                .filter(|_| addr.key() == key)
+                .map(|i| (i.id, i.range, i.clusters.clone()))
+        }) else {
+            return Box::default();
+        };
+        self.freed_ids.retain(|i| *i != id);
+        self.freed_ranges.retain(|r| *r != range);
+        if let Some(i) = self.fe_removed.iter().position(|m| *m == key.map()) {
+            self.fe_removed.swap_remove(i);
+        }
+        clusters
     }
 
     fn entries(&self) -> usize {
@@ -434,6 +455,7 @@ impl MapSync {
         self.flush(std::mem::take(&mut batch), maps, &mut out);
         // Room may have been made by the removals: one more try, then report.
         for (d, _) in retry {
+            out.report.retried += 1;
             let mut full = Vec::new();
             self.stage(d, &mut batch, &mut full, maps, &mut out);
             out.failed.extend(full);
@@ -479,21 +501,15 @@ impl MapSync {
         match self.plan(&d, maps) {
             Ok(None) => {}
             Ok(Some(mut change)) => {
-                // A frontend this change writes that an earlier change of the batch deletes
-                // (a VIP moving between services): those deletes must go first.
-                let deleted: HashSet<FeKey> = batch.iter().flat_map(Change::keys_deleted).collect();
-                if change.keys_written().any(|k| deleted.contains(&k)) {
-                    // Plan again after the flush: the plan was made against the batch's state.
-                    self.rollback(change);
-                    self.flush(std::mem::take(batch), maps, out);
-                    match self.plan(&d, maps) {
-                        Ok(Some(c)) => change = c,
-                        Ok(None) => return,
-                        Err(e) => {
-                            out.failed.push((d, e));
-                            return;
-                        }
-                    }
+                // A frontend this change writes that an earlier change of the batch deletes (a
+                // VIP moving between services): the write replaces the old owner's entry in one
+                // update, so that delete is dropped. Deleting first would leave the key absent,
+                // and connects to it unrouted, until the write.
+                let written: HashSet<FeKey> = change.keys_written().collect();
+                for earlier in batch.iter_mut() {
+                    earlier
+                        .deletes
+                        .retain(|op| !matches!(op, MapOp::DelFrontend(k) if written.contains(k)));
                 }
                 change.desired = Some(d);
                 batch.push(change);
@@ -565,15 +581,29 @@ impl MapSync {
         }
         let report = &mut out.report;
         report.writes += puts.iter().map(MapOp::entries).sum::<usize>() + flips.len();
-        // Phase 3. A failed delete leaves an entry nothing points at: reported, not undone.
-        let (deletes, _) = gather(&batch, |c| c.deletes.iter());
-        let mut rest = &deletes[..];
-        while let Err((i, e)) = maps.apply_all(rest) {
+        // Phase 3. A delete that fails is tried once more, then reported, not undone. Most
+        // leave an entry nothing points at; a frontend's own entry still routes, so its id,
+        // slot range and cluster names are kept from reuse (or the old VIP would serve what
+        // they get next). They stay taken until the agent restarts.
+        let mut batch = batch;
+        let (deletes, owners) = gather(&batch, |c| c.deletes.iter());
+        let mut at = 0;
+        while let Err((i, e)) = maps.apply_all(&deletes[at..]) {
             report.writes += i;
-            report.delete_errors.push(e);
-            rest = &rest[i + 1..];
+            at += i;
+            if maps.apply(&deletes[at]).is_ok() {
+                report.writes += 1;
+            } else {
+                if let (MapOp::DelFrontend(key), Some(owner)) = (&deletes[at], owners.get(at)) {
+                    for cluster in batch[*owner].keep_undeleted(*key) {
+                        self.clusters.add_ref(cluster);
+                    }
+                }
+                report.delete_errors.push(e);
+            }
+            at += 1;
         }
-        report.writes += rest.len();
+        report.writes += deletes.len() - at;
         for change in batch {
             self.finish(change, report);
         }
@@ -691,3 +721,7 @@ fn undo<U: Undoable>(
 #[cfg(test)]
 #[path = "sync_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "sync_fault_tests.rs"]
+mod fault_tests;

@@ -23,7 +23,7 @@ use crate::bpf::{
     maps::{MapContents, MemMaps},
 };
 
-type Entries = BTreeMap<FeAddr, (NamespacedName, DesiredFrontend)>;
+pub(super) type Entries = BTreeMap<FeAddr, (NamespacedName, DesiredFrontend)>;
 
 /// Applies writes to in-memory maps and checks, after every one, the datapath invariants,
 /// that every frontend a reader can see serves its old or its new backend set, and that no
@@ -35,6 +35,8 @@ struct CheckedMaps {
     /// Per slot: the grace-period count when a frontend last pointed at it.
     pointed: BTreeMap<u32, usize>,
     violations: Vec<String>,
+    /// Addresses of `before` found absent after a write, and the write.
+    absent: Vec<(FeAddr, String)>,
 }
 
 impl CheckedMaps {
@@ -64,7 +66,11 @@ impl MapWriter for CheckedMaps {
         if let Err(v) = self.maps.contents.check_datapath_invariants() {
             self.violations.push(format!("after {op:?}: {v}"));
         }
-        for (addr, (_, seen)) in read_back(&self.maps.contents) {
+        let now = read_back(&self.maps.contents);
+        for addr in self.before.keys().filter(|a| !now.contains_key(*a)) {
+            self.absent.push((*addr, format!("{op:?}")));
+        }
+        for (addr, (_, seen)) in now {
             let ok = [self.before.get(&addr), self.after.get(&addr)]
                 .into_iter()
                 .flatten()
@@ -88,15 +94,15 @@ impl MapWriter for CheckedMaps {
     }
 }
 
-fn svc(name: &str) -> NamespacedName {
+pub(super) fn svc(name: &str) -> NamespacedName {
     NamespacedName::new("ns", name)
 }
 
 /// One service of a test table: (service, vip, [(port, [backends])]).
-type ServiceSpec<'a> = (&'a str, IpAddr, Vec<(u16, Vec<Backend>)>);
+pub(super) type ServiceSpec<'a> = (&'a str, IpAddr, Vec<(u16, Vec<Backend>)>);
 
 /// A table of TCP frontends named `p<port>`.
-fn table(spec: &[ServiceSpec]) -> LbTable {
+pub(super) fn table(spec: &[ServiceSpec]) -> LbTable {
     let mut t = lb_table();
     for (name, vip, ports) in spec {
         t = t.service(svc(name), *vip);
@@ -107,15 +113,15 @@ fn table(spec: &[ServiceSpec]) -> LbTable {
     t.build()
 }
 
-fn v4(last: u8) -> IpAddr {
+pub(super) fn v4(last: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 0, 0, last))
 }
 
-fn vip(last: u8) -> IpAddr {
+pub(super) fn vip(last: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(241, 0, 0, last))
 }
 
-fn sync_checked(sync: &mut MapSync, maps: &mut MemMaps, t: &LbTable) -> SyncReport {
+pub(super) fn sync_checked(sync: &mut MapSync, maps: &mut MemMaps, t: &LbTable) -> SyncReport {
     checked(maps, t, |m| {
         sync.sync(Scope::All, desired::services(t, None), m)
     })
@@ -145,9 +151,23 @@ fn checked(
         after: desired::entries(t),
         pointed: BTreeMap::new(),
         violations: vec![],
+        absent: vec![],
     };
     checked.note_pointed();
     let report = run(&mut checked);
+    // An address in the maps before and after the sync never went missing on the way: a
+    // connect to it would have passed through unrouted. Not when the maps were full: a
+    // service that takes over a VIP may then wait for the old owner's removal to make room
+    // (`retried`), or fail and refuse.
+    let end = read_back(&checked.maps.contents);
+    let room = report.retried == 0 && report.failed.is_empty();
+    checked.violations.extend(
+        checked
+            .absent
+            .iter()
+            .filter(|(addr, _)| room && end.contains_key(addr))
+            .map(|(addr, op)| format!("after {op}: {addr} is absent")),
+    );
     assert!(checked.violations.is_empty(), "{:#?}", checked.violations);
     *maps = checked.maps;
     report
@@ -478,7 +498,7 @@ fn adoption_rebuilds_the_mirror_and_clears_unreachable_entries() {
 }
 
 /// Adopts what `maps` hold, as a restarted agent does, and syncs `t` over it.
-fn adopt_and_sync(maps: &mut MemMaps, t: &LbTable) -> (MapSync, SyncReport) {
+pub(super) fn adopt_and_sync(maps: &mut MemMaps, t: &LbTable) -> (MapSync, SyncReport) {
     let contents = maps.contents.clone();
     let (mut adopted, _) = MapSync::adopt(Capacities::default(), &contents, maps).unwrap();
     let report = adopted.sync(Scope::All, desired::services(t, None), maps);
@@ -591,70 +611,6 @@ fn cluster_names_that_go_away_free_their_ids() {
         assert!(report.failed.is_empty(), "round {i}: {:?}", report.failed);
         assert_eq!(maps.contents.clusters.len(), 1);
     }
-}
-
-/// A VIP that moves from one service to another in one sync: its entries change owner and
-/// stay refusing or serving throughout, whichever service is synced first.
-#[test]
-fn a_vip_moving_between_services_is_handed_over() {
-    let shared = vip(5);
-    for order in [["a", "b"], ["b", "a"]] {
-        let t1 = table(&[
-            (order[0], shared, vec![(80, vec![backend("x", v4(1), 80)])]),
-            (order[1], vip(6), vec![(80, vec![backend("x", v4(2), 80)])]),
-        ]);
-        let t2 = table(&[
-            (order[1], shared, vec![(80, vec![backend("x", v4(3), 80)])]),
-            (order[0], vip(6), vec![(80, vec![backend("x", v4(4), 80)])]),
-        ]);
-        let mut sync = MapSync::new(Capacities::default());
-        let mut maps = MemMaps::new(Capacities::default());
-        sync_checked(&mut sync, &mut maps, &t1);
-        let report = sync_checked(&mut sync, &mut maps, &t2);
-        assert!(report.failed.is_empty(), "{:?}", report.failed);
-        assert_eq!(read_back(&maps.contents), desired::entries(&t2));
-        let again = sync_checked(&mut sync, &mut maps, &t2);
-        assert_eq!(again.writes, 0);
-    }
-}
-
-/// Many services in one sync go out in batches; a write that keeps failing in the middle of a
-/// batch costs only the service it belongs to.
-#[test]
-fn one_failing_service_of_a_batch_is_reported_and_the_others_are_written() {
-    let services: Vec<(String, IpAddr)> = (1..=40).map(|i| (format!("s{i}"), vip(i))).collect();
-    let spec: Vec<ServiceSpec> = services
-        .iter()
-        .map(|(n, ip)| (n.as_str(), *ip, vec![(80, vec![backend("x", v4(1), 80)])]))
-        .collect();
-    let t = table(&spec);
-    let mut sync = MapSync::new(Capacities::default());
-    let mut maps = MemMaps::new(Capacities::default());
-    maps.refuse_frontend = Some(
-        FeAddr::Port(FrontendAddr {
-            ip: vip(17),
-            port: 80,
-            protocol: Protocol::Tcp,
-        })
-        .key(),
-    );
-    let report = sync_checked(&mut sync, &mut maps, &t);
-    maps.refuse_frontend = None;
-    assert_eq!(report.failed.len(), 1, "{:?}", report.failed);
-    assert_eq!(report.failed[0].service(), &svc("s17"));
-    assert_eq!(report.changed.len(), 39);
-    let of_s17: Vec<FeAddr> = read_back(&maps.contents)
-        .into_keys()
-        .filter(|a| a.ip() == vip(17))
-        .collect();
-    assert_eq!(
-        of_s17,
-        [FeAddr::Wildcard(vip(17))],
-        "s17's VIP only refuses"
-    );
-    let report = sync_checked(&mut sync, &mut maps, &t);
-    assert_eq!(report.changed.len(), 1);
-    assert_eq!(read_back(&maps.contents), desired::entries(&t));
 }
 
 fn arb_table() -> impl Strategy<Value = LbTable> {

@@ -223,7 +223,12 @@ impl Node {
             self.retry.insert(failure.service().clone());
         }
         for e in &report.delete_errors {
-            warn!(error = %e, "a map delete failed; the entry is unreachable and will be retried");
+            warn!(
+                error = %e,
+                "a map delete failed twice; a frontend left this way keeps its old backends, id \
+                 and slots until its address is written again or the agent restarts, other \
+                 entries are unreachable"
+            );
         }
         for service in &report.changed {
             debug!(service = %service, "service written to the maps");

@@ -1,0 +1,183 @@
+//! The writer when the kernel refuses writes and deletes, or the table hands VIPs between
+//! services: the same checked in-memory maps as `sync_tests.rs`, which also check that an
+//! address in the maps before and after a sync never goes missing on the way.
+
+use std::net::IpAddr;
+
+use dataplane_core::{
+    fixtures::backend,
+    lb::{FrontendAddr, Protocol},
+};
+
+use super::tests::{Entries, ServiceSpec, svc, sync_checked, table, v4, vip};
+use super::*;
+use crate::bpf::{
+    desired::{self, read_back},
+    maps::MemMaps,
+};
+
+/// A VIP that moves from one service to another in one sync: its entries change owner and
+/// stay refusing or serving throughout, whichever service is synced first.
+#[test]
+fn a_vip_moving_between_services_is_handed_over() {
+    let shared = vip(5);
+    for order in [["a", "b"], ["b", "a"]] {
+        let t1 = table(&[
+            (order[0], shared, vec![(80, vec![backend("x", v4(1), 80)])]),
+            (order[1], vip(6), vec![(80, vec![backend("x", v4(2), 80)])]),
+        ]);
+        let t2 = table(&[
+            (order[1], shared, vec![(80, vec![backend("x", v4(3), 80)])]),
+            (order[0], vip(6), vec![(80, vec![backend("x", v4(4), 80)])]),
+        ]);
+        let mut sync = MapSync::new(Capacities::default());
+        let mut maps = MemMaps::new(Capacities::default());
+        sync_checked(&mut sync, &mut maps, &t1);
+        let report = sync_checked(&mut sync, &mut maps, &t2);
+        assert!(report.failed.is_empty(), "{:?}", report.failed);
+        assert_eq!(read_back(&maps.contents), desired::entries(&t2));
+        let again = sync_checked(&mut sync, &mut maps, &t2);
+        assert_eq!(again.writes, 0);
+    }
+}
+
+/// Many services in one sync go out in batches; a write that keeps failing in the middle of a
+/// batch costs only the service it belongs to.
+#[test]
+fn one_failing_service_of_a_batch_is_reported_and_the_others_are_written() {
+    let services: Vec<(String, IpAddr)> = (1..=40).map(|i| (format!("s{i}"), vip(i))).collect();
+    let spec: Vec<ServiceSpec> = services
+        .iter()
+        .map(|(n, ip)| (n.as_str(), *ip, vec![(80, vec![backend("x", v4(1), 80)])]))
+        .collect();
+    let t = table(&spec);
+    let mut sync = MapSync::new(Capacities::default());
+    let mut maps = MemMaps::new(Capacities::default());
+    maps.refuse_frontend = Some(
+        FeAddr::Port(FrontendAddr {
+            ip: vip(17),
+            port: 80,
+            protocol: Protocol::Tcp,
+        })
+        .key(),
+    );
+    let report = sync_checked(&mut sync, &mut maps, &t);
+    maps.refuse_frontend = None;
+    assert_eq!(report.failed.len(), 1, "{:?}", report.failed);
+    assert_eq!(report.failed[0].service(), &svc("s17"));
+    assert_eq!(report.changed.len(), 39);
+    let of_s17: Vec<FeAddr> = read_back(&maps.contents)
+        .into_keys()
+        .filter(|a| a.ip() == vip(17))
+        .collect();
+    assert_eq!(
+        of_s17,
+        [FeAddr::Wildcard(vip(17))],
+        "s17's VIP only refuses"
+    );
+    let report = sync_checked(&mut sync, &mut maps, &t);
+    assert_eq!(report.changed.len(), 1);
+    assert_eq!(read_back(&maps.contents), desired::entries(&t));
+}
+
+/// The port 80 entry of a VIP.
+fn port80(ip: IpAddr) -> FeAddr {
+    FeAddr::Port(FrontendAddr {
+        ip,
+        port: 80,
+        protocol: Protocol::Tcp,
+    })
+}
+
+/// Seven backends from `10.0.0.<first>` on (past six: the frontend reads its slots).
+fn seven(first: u8) -> Vec<dataplane_core::lb::Backend> {
+    (first..first + 7)
+        .map(|h| backend("x", v4(h), 80))
+        .collect()
+}
+
+/// Service `a` (one frontend of seven backends) written into slots that hold one such range,
+/// then removed with its port entry's delete failing `failures` times.
+fn a_removed_with_failing_deletes(failures: usize) -> (MapSync, MemMaps, Entries, SyncReport) {
+    let caps = Capacities {
+        slots: 7,
+        ..Capacities::default()
+    };
+    let mut sync = MapSync::new(caps);
+    let mut maps = MemMaps::new(caps);
+    sync_checked(
+        &mut sync,
+        &mut maps,
+        &table(&[("a", vip(1), vec![(80, seven(1))])]),
+    );
+    let before = read_back(&maps.contents);
+    maps.fail_deletes = Some((port80(vip(1)).key(), failures));
+    let report = sync_checked(&mut sync, &mut maps, &table(&[]));
+    (sync, maps, before, report)
+}
+
+/// A frontend delete that fails once is tried again: the entry goes, and its id, name and
+/// slots are given back. The slots hold one frontend's range, so the next frontend fits only
+/// in the range given back.
+#[test]
+fn a_frontend_delete_that_fails_once_is_tried_again() {
+    let (mut sync, mut maps, _, report) = a_removed_with_failing_deletes(1);
+    assert!(
+        report.delete_errors.is_empty(),
+        "{:?}",
+        report.delete_errors
+    );
+    assert_eq!(
+        maps.fail_deletes,
+        Some((port80(vip(1)).key(), 0)),
+        "it failed once"
+    );
+    assert!(read_back(&maps.contents).is_empty());
+    assert!(maps.contents.names.is_empty() && maps.contents.clusters.is_empty());
+    let t2 = table(&[("b", vip(2), vec![(80, seven(21))])]);
+    let report = sync_checked(&mut sync, &mut maps, &t2);
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(read_back(&maps.contents), desired::entries(&t2));
+}
+
+/// A frontend whose delete keeps failing still routes: it keeps its old backends, and its id
+/// and slot range are not handed to the next frontend, which would make the old VIP serve that
+/// one's backends. The slots hold exactly one frontend's range: a second one fits only once
+/// the first is gone.
+#[test]
+fn a_frontend_left_by_a_failed_delete_keeps_its_id_and_slots() {
+    let (mut sync, mut maps, before, report) = a_removed_with_failing_deletes(2);
+    let a80 = port80(vip(1));
+    let t3 = table(&[("b", vip(2), vec![(80, seven(21))])]);
+    assert_eq!(report.delete_errors.len(), 1, "{:?}", report.delete_errors);
+    // (Its name is deleted: `inspect` shows it without a service.)
+    let backends = |e: &Entries, a: &FeAddr| e.get(a).map(|(_, d)| d.backends.clone());
+    let seen = read_back(&maps.contents);
+    assert_eq!(
+        backends(&seen, &a80),
+        backends(&before, &a80),
+        "a's VIP serves its old backends"
+    );
+
+    let report = sync_checked(&mut sync, &mut maps, &t3);
+    assert_eq!(
+        report.failed.len(),
+        1,
+        "no room for b while a's range is taken"
+    );
+    let seen = read_back(&maps.contents);
+    assert_eq!(
+        backends(&seen, &a80),
+        backends(&before, &a80),
+        "a's VIP still serves its own backends"
+    );
+    assert!(
+        !seen.contains_key(&port80(vip(2))),
+        "b only refuses: {:?}",
+        seen.get(&port80(vip(2)))
+    );
+    let fe = &maps.contents.frontends4;
+    let ids: Vec<u32> = fe.values().map(|f| f.id).collect();
+    let unique: std::collections::BTreeSet<u32> = ids.iter().copied().collect();
+    assert_eq!(ids.len(), unique.len(), "ids are never shared: {ids:?}");
+}
