@@ -2,8 +2,8 @@
 //!
 //! `connect4/6` and `sendmsg4/6` rewrite a (VIP, port, protocol) destination to one backend of
 //! the frontend: by ClientIP affinity when the frontend has it, else uniformly at random over
-//! the active slot bank for TCP, and by the socket's cookie for UDP (every datagram of one
-//! socket goes to the same backend). `recvmsg4/6` and `getpeername4/6` translate the backend
+//! its backends for TCP, and by the socket's cookie for UDP (every datagram of one socket goes
+//! to the same backend while the frontend's backend count stays the same). `recvmsg4/6` and `getpeername4/6` translate the backend
 //! back to the VIP, so applications see the address they asked for. A known VIP on an
 //! undeclared port, or a frontend with no backends, is refused with `ECONNREFUSED`; a
 //! translation whose reverse entry cannot be recorded is refused too (with that error).
@@ -306,8 +306,8 @@ enum Choice {
     Backend(u32, [u32; 4], u16),
     /// Refuse with ECONNREFUSED.
     Reject(u32),
-    /// The slot or backend just read is gone: the agent switched this frontend to a new bank
-    /// between our two lookups. Looking the frontend up again sees the new bank.
+    /// The slot or copy just read is not this frontend's: the agent replaced the frontend (or
+    /// reused its element) while we read it. Looking the frontend up again sees the new one.
     Stale(u32),
 }
 
@@ -488,9 +488,9 @@ enum Hook {
 }
 
 /// Records, for the reverse path, that this socket's backend `(backend, backend_port)` stands
-/// for `(vip, vip_port)`: for a connect, in the per-socket map (or, when it is full, in the
-/// socket's own storage); for a datagram, in the per-(socket, backend) LRU map (written only
-/// when it changes).
+/// for `(vip, vip_port)`: for a connect, in the cookie-indexed array (or, when another open
+/// socket holds that entry, in the socket's own storage); for a datagram, in the
+/// per-(socket, backend) LRU map (written only when it changes).
 #[inline(always)]
 fn record<F: Family>(
     ctx: &SockAddrContext,
@@ -591,7 +591,7 @@ fn forward<F: Family>(
 }
 
 /// The VIP that a backend peer `(addr, port)` of this socket stands for, if any: the
-/// socket's connected entry (in the per-socket map or the socket's storage), else, for
+/// socket's connected entry (in the cookie-indexed array or the socket's storage), else, for
 /// `recvmsg` of an unconnected UDP socket, the per-(socket, backend) map.
 #[inline(always)]
 fn reverse<F: Family>(
@@ -668,7 +668,8 @@ fn forward4(ctx: &SockAddrContext, hook: Hook) -> i32 {
 }
 
 /// connect6, sendmsg6: an IPv6 destination, or an IPv4-mapped one (looked up as IPv4 and
-/// rewritten as an IPv4-mapped backend).
+/// rewritten as an IPv4-mapped backend). Only connect6 meets mapped ones: the kernel sends a
+/// datagram to `::ffff:a.b.c.d` through the IPv4 path, which runs sendmsg4.
 #[inline(always)]
 fn forward6(ctx: &SockAddrContext, hook: Hook) -> i32 {
     let sa = unsafe { &mut *ctx.sock_addr };
