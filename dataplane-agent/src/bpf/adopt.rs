@@ -83,7 +83,12 @@ impl MapSync {
             if whole {
                 for s in &slots {
                     let cluster = sync.clusters.name(s.cluster);
-                    clusters.push(s.cluster);
+                    // A cluster id without its name (MCS_CLUSTERS lost it) is not held: the
+                    // id is free for the next name, and this entry, whose digest then names
+                    // no cluster, is rewritten by the first sync.
+                    if cluster.is_some() {
+                        clusters.push(s.cluster);
+                    }
                     if let Some(ip) = addr_from_words(s.addr, family) {
                         backends.push(DesiredBackend {
                             ip,

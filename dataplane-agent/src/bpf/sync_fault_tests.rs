@@ -9,7 +9,7 @@ use dataplane_core::{
     lb::{FrontendAddr, Protocol},
 };
 
-use super::tests::{Entries, ServiceSpec, svc, sync_checked, table, v4, vip};
+use super::tests::{Entries, ServiceSpec, adopt_and_sync, svc, sync_checked, table, v4, vip};
 use super::*;
 use crate::bpf::{
     desired::{self, read_back},
@@ -180,4 +180,40 @@ fn a_frontend_left_by_a_failed_delete_keeps_its_id_and_slots() {
     let ids: Vec<u32> = fe.values().map(|f| f.id).collect();
     let unique: std::collections::BTreeSet<u32> = ids.iter().copied().collect();
     assert_eq!(ids.len(), unique.len(), "ids are never shared: {ids:?}");
+}
+
+/// The cluster names lost before a restart (MCS_CLUSTERS emptied): the slots name ids the
+/// adopted mirror does not know. The first sync names the table's clusters again, and they
+/// stay named: an id handed to a name is never also dropped as the old, unknown one.
+#[test]
+fn adopted_slots_naming_unknown_cluster_ids_are_named_again() {
+    let t = table(&[
+        ("a", vip(1), vec![(80, vec![backend("east", v4(1), 80)])]),
+        (
+            "b",
+            vip(2),
+            vec![(
+                80,
+                vec![backend("east", v4(2), 80), backend("west", v4(3), 80)],
+            )],
+        ),
+    ]);
+    let mut sync = MapSync::new(Capacities::default());
+    let mut maps = MemMaps::new(Capacities::default());
+    sync_checked(&mut sync, &mut maps, &t);
+    maps.contents.clusters.clear();
+    let (mut adopted, report) = adopt_and_sync(&mut maps, &t);
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(
+        read_back(&maps.contents),
+        desired::entries(&t),
+        "after the first sync"
+    );
+    let report = adopted.sync(Scope::All, desired::services(&t, None), &mut maps);
+    assert_eq!(report.writes, 0);
+    assert_eq!(
+        read_back(&maps.contents),
+        desired::entries(&t),
+        "and after the next"
+    );
 }
