@@ -5,7 +5,8 @@
 //!
 //! Frontends themselves are kept until the first sync against complete desired entries
 //! decides about them; one whose range a reader would refuse (a slot without its id, a range
-//! overlapping another's or past the array) is adopted as *broken*, so that sync rewrites it;
+//! overlapping another's or past the array) is adopted as *broken*, so that sync rewrites it
+//! (its range, where it is in the array and no whole entry's, stays taken until then);
 //! one whose range is whole but whose value differs from what the writer would put there (its
 //! backends' copies) has its value rewritten.
 
@@ -42,6 +43,8 @@ impl MapSync {
             }
         }
         let mut live_matches = BTreeSet::new();
+        // The ranges of broken entries, reserved once every whole entry has its own.
+        let mut broken_ranges = Vec::new();
         for (key, fe) in contents.frontends() {
             let Some(addr) = FeAddr::from_key(&key) else {
                 cleanup.push(MapOp::DelFrontend(key));
@@ -58,9 +61,13 @@ impl MapSync {
                 len: u32::from(fe.count),
             };
             let slots = maps.read_slots(fe.base, fe.count)?;
+            let in_bounds = u64::from(fe.base) + u64::from(fe.count) <= u64::from(caps.slots);
             let whole = slots.iter().all(|s| s.frontend_id == fe.id)
-                && u64::from(fe.base) + u64::from(fe.count) <= u64::from(caps.slots)
+                && in_bounds
                 && sync.slots.reserve(range);
+            if !whole && in_bounds {
+                broken_ranges.push((addr, range));
+            }
             let family = match addr.ip() {
                 IpAddr::V4(_) => AF_INET,
                 IpAddr::V6(_) => AF_INET6,
@@ -153,6 +160,16 @@ impl MapSync {
             installed.value_differs = whole && installed.abi() != *fe;
             sync.by_service.entry(service).or_default().push(addr);
             sync.install(addr, installed);
+        }
+        // A broken entry still points at its range until the first sync rewrites it: where
+        // that range is no whole entry's, it is kept from reuse until then (and quarantined
+        // after), so no new backend set is written into slots a reader may be using.
+        for (addr, range) in broken_ranges {
+            if sync.slots.reserve(range)
+                && let Some(installed) = sync.frontends.get_mut(&addr)
+            {
+                installed.range = range;
+            }
         }
         for list in sync.by_service.values_mut() {
             list.sort_unstable();

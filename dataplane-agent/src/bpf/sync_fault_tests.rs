@@ -217,3 +217,72 @@ fn adopted_slots_naming_unknown_cluster_ids_are_named_again() {
         "and after the next"
     );
 }
+
+/// Records every write it applies.
+struct Recorder {
+    maps: MemMaps,
+    ops: Vec<MapOp>,
+}
+
+impl MapWriter for Recorder {
+    fn apply(&mut self, op: &MapOp) -> Result<(), MapWriteError> {
+        self.maps.apply(op)?;
+        self.ops.push(op.clone());
+        Ok(())
+    }
+
+    fn read_slots(&self, base: u32, count: u16) -> Result<Vec<abi::Slot>, MapWriteError> {
+        self.maps.read_slots(base, count)
+    }
+
+    fn quiesce(&mut self) -> Result<(), MapWriteError> {
+        self.maps.quiesce()
+    }
+}
+
+/// An entry adopted as broken (one slot of its range names another frontend) still points at
+/// its range until the first sync rewrites it: that sync writes the new backends elsewhere,
+/// never into slots a reader may be using.
+#[test]
+fn a_broken_entry_keeps_its_range_until_it_is_rewritten() {
+    let t1 = table(&[("web", vip(9), vec![(80, seven(1))])]);
+    let t2 = table(&[("web", vip(9), vec![(80, seven(21))])]);
+    let mut sync = MapSync::new(Capacities::default());
+    let mut maps = MemMaps::new(Capacities::default());
+    sync_checked(&mut sync, &mut maps, &t1);
+    let key = port80(vip(9)).key();
+    let old = maps
+        .contents
+        .frontends4
+        .values()
+        .find(|f| f.count == 7)
+        .expect("web:80")
+        .base;
+    if let Some(slot) = maps.contents.slots.get_mut(&(old + 6)) {
+        slot.frontend_id += 100;
+    }
+    let contents = maps.contents.clone();
+    let (mut adopted, _) =
+        MapSync::adopt(Capacities::default(), &contents, &mut maps).expect("adopted");
+    let mut rec = Recorder {
+        maps,
+        ops: Vec::new(),
+    };
+    let report = adopted.sync(Scope::All, desired::services(&t2, None), &mut rec);
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(read_back(&rec.maps.contents), desired::entries(&t2));
+    let flip = rec
+        .ops
+        .iter()
+        .position(|op| matches!(op, MapOp::PutFrontend(k, _) if *k == key))
+        .expect("the entry is rewritten");
+    for op in &rec.ops[..flip] {
+        if let MapOp::PutSlots(base, slots) = op {
+            let end = base + slots.len() as u32;
+            assert!(
+                end <= old || *base >= old + 7,
+                "{op:?} writes into {old}..+7 while the entry points there"
+            );
+        }
+    }
+}
