@@ -138,12 +138,18 @@ pub fn lookup_array(
         map_fd: fd.as_raw_fd() as u32,
         ..Default::default()
     };
-    match batch(BPF_MAP_LOOKUP_BATCH, &mut attr) {
-        (n, None) => Ok(n),
+    let filled = match batch(BPF_MAP_LOOKUP_BATCH, &mut attr) {
+        (n, None) => n,
         // ENOENT: the end of the array was reached; `n` are filled.
-        (n, Some(e)) if e.raw_os_error() == Some(libc::ENOENT) => Ok(n),
-        (_, Some(e)) => Err(e),
+        (n, Some(e)) if e.raw_os_error() == Some(libc::ENOENT) => n,
+        (_, Some(e)) => return Err(e),
+    };
+    // After an index past the end, an array's next key is its first: the kernel then reads
+    // from index 0, which is not what was asked for.
+    if filled > 0 && keys.first() != Some(&start) {
+        return Ok(0);
     }
+    Ok(filled)
 }
 
 /// The bytes of plain-data values, as the kernel reads them.
