@@ -716,8 +716,15 @@ async fn unreachable_member_is_withdrawn_after_the_grace_period() -> anyhow::Res
     east.clear_requests();
     let stopped = tokio::time::Instant::now();
     west.stop().await;
+    // The slices are written first, then the import's status.
     east.wait_until(WAIT, "west's endpoints are withdrawn", |s| {
         imported(s, "web") == expect_imported(&[("east", &["10.1.0.1"])])
+            && s.get::<ServiceImport>(NS, "web").is_some_and(|si| {
+                si.status
+                    .as_ref()
+                    .and_then(|st| condition(&st.conditions, "Ready"))
+                    .is_some_and(|c| c.message.contains("withdrawn"))
+            })
     })
     .await?;
     assert!(
@@ -832,9 +839,9 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
     assert_eq!(
         labels,
         [
+            ("EndpointSlice", "apply"),
             ("ServiceImport", "apply"),
             ("ServiceImport", "apply_status"),
-            ("EndpointSlice", "apply"),
             ("ServiceExport", "apply_status"),
             ("Event", "create"),
         ]
@@ -857,6 +864,25 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
             .query("force", "true")
             .content_type(APPLY_PATCH)
     };
+    // The slice first: a node must not see the import's ports with old slices. Only east's
+    // slice: west declares :81, not the merged :80, so none of its endpoints serve anything
+    // and none are imported.
+    let name = "web-east-ipv4";
+    verifier
+        .expect(
+            &ssa(&format!("/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices/{name}")).json_body(json!({
+                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": name, "namespace": NS, "labels": {
+                    LABEL_SERVICE_NAME: "web", LABEL_SOURCE_CLUSTER: "east", LABEL_MANAGED_BY: MANAGED_BY}},
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": ["10.1.0.1"], "conditions": {"ready": true}}],
+                "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
+            })),
+            StatusCode::OK,
+            &json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": name, "namespace": NS}, "addressType": "IPv4", "endpoints": []}),
+        )
+        .await?;
     let import_path =
         format!("/apis/multicluster.x-k8s.io/v1beta1/namespaces/{NS}/serviceimports/web");
     let import_obj = json!({"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceImport",
@@ -895,24 +921,6 @@ async fn reconcile_sends_exact_server_side_apply_requests() -> anyhow::Result<()
         body.get("spec").is_none(),
         "the status apply carries only status"
     );
-    // Only east's slice: west declares :81, not the merged :80, so none of its endpoints
-    // serve anything and none are imported.
-    let name = "web-east-ipv4";
-    verifier
-        .expect(
-            &ssa(&format!("/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices/{name}")).json_body(json!({
-                "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                "metadata": {"name": name, "namespace": NS, "labels": {
-                    LABEL_SERVICE_NAME: "web", LABEL_SOURCE_CLUSTER: "east", LABEL_MANAGED_BY: MANAGED_BY}},
-                "addressType": "IPv4",
-                "endpoints": [{"addresses": ["10.1.0.1"], "conditions": {"ready": true}}],
-                "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
-            })),
-            StatusCode::OK,
-            &json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                "metadata": {"name": name, "namespace": NS}, "addressType": "IPv4", "endpoints": []}),
-        )
-        .await?;
     let export_path =
         format!("/apis/multicluster.x-k8s.io/v1beta1/namespaces/{NS}/serviceexports/web/status");
     let req = verifier

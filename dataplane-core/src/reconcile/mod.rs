@@ -251,10 +251,10 @@ impl<'a> DesiredService<'a> {
 /// The ordering rank of an action in a whole-cluster reconcile.
 fn rank(a: &Action) -> u8 {
     match a {
-        Action::ApplyImport(_) => 0,
-        Action::ApplyImportStatus(_) => 1,
-        Action::ApplySlice(_) => 2,
-        Action::DeleteSlice { .. } => 3,
+        Action::DeleteSlice { .. } => 0,
+        Action::ApplySlice(_) => 1,
+        Action::ApplyImport(_) => 2,
+        Action::ApplyImportStatus(_) => 3,
         Action::DeleteImport { .. } => 4,
         Action::ApplyExportStatus { .. } | Action::Event { .. } => 5,
     }
@@ -283,16 +283,20 @@ fn same_slice(desired: &ImportedSlice, observed: &ObservedSlice) -> bool {
 }
 
 /// The actions that make one service agree with what the merge wants of it (see the module
-/// documentation): its import, its status, its slices, the deletions of what is no longer
-/// wanted, and its local export's conditions followed by an Event when a conflict appeared or
-/// cleared. `now` is the `lastTransitionTime` of conditions that change status.
+/// documentation): the deletions of its slices that are no longer wanted, its slices, its
+/// import and the import's status (or its deletion), and its local export's conditions
+/// followed by an Event when a conflict appeared or cleared. `now` is the `lastTransitionTime` of conditions that change status.
 pub fn reconcile_service(
     service: &NamespacedName,
     desired: DesiredService<'_>,
     observed: ObservedService<'_>,
     now: &Time,
 ) -> Vec<Action> {
-    let mut out = Vec::new();
+    // The slices go first: a node that sees the import's new ports with the old slices would
+    // route a port to the endpoints of a cluster that no longer declares it (a slice deleted
+    // or changed after the import), where new slices under the old import serve only the
+    // ports it already has.
+    let mut out = slice_actions(desired.slices, observed.slices);
     if let Some(import) = desired.import {
         let mut want = import.clone();
         want.labels
@@ -328,27 +332,6 @@ pub fn reconcile_service(
             if !status_agrees {
                 out.push(Action::ApplyImportStatus(object));
             }
-        }
-    }
-    let mut wanted_slices = BTreeSet::new();
-    for s in desired.slices.iter().filter_map(|c| c.record()) {
-        wanted_slices.insert(&*s.name);
-        let agrees = observed
-            .slices
-            .iter()
-            .find(|o| o.id.name == s.name)
-            .is_some_and(|o| same_slice(s, o) && o.labels.agrees(&s.labels()));
-        if !agrees {
-            out.push(Action::ApplySlice(s.to_k8s()));
-        }
-    }
-    for o in observed.slices {
-        if !wanted_slices.contains(&*o.id.name) {
-            out.push(Action::DeleteSlice {
-                slice: o.id.clone(),
-                uid: o.uid.as_ref().map(Uid::to_string),
-                resource_version: o.resource_version,
-            });
         }
     }
     if desired.import.is_none()
@@ -404,6 +387,35 @@ pub fn reconcile_service(
     out
 }
 
+/// The deletions of a service's observed slices that are no longer wanted, then the applies of
+/// the wanted ones that differ from what is observed.
+fn slice_actions(desired: &[SliceInput], observed: &[Arc<ObservedSlice>]) -> Vec<Action> {
+    let wanted: BTreeSet<&str> = desired
+        .iter()
+        .filter_map(|c| c.record())
+        .map(|s| &*s.name)
+        .collect();
+    let mut out: Vec<Action> = observed
+        .iter()
+        .filter(|o| !wanted.contains(&*o.id.name))
+        .map(|o| Action::DeleteSlice {
+            slice: o.id.clone(),
+            uid: o.uid.as_ref().map(Uid::to_string),
+            resource_version: o.resource_version,
+        })
+        .collect();
+    for s in desired.iter().filter_map(|c| c.record()) {
+        let agrees = observed
+            .iter()
+            .find(|o| o.id.name == s.name)
+            .is_some_and(|o| same_slice(s, o) && o.labels.agrees(&s.labels()));
+        if !agrees {
+            out.push(Action::ApplySlice(s.to_k8s()));
+        }
+    }
+    out
+}
+
 /// The deletions of slices of ours that belong to no service (no service-name label).
 pub fn reconcile_unlabelled(observed: &ObservedIndex) -> Vec<Action> {
     observed
@@ -420,8 +432,9 @@ pub fn reconcile_unlabelled(observed: &ObservedIndex) -> Vec<Action> {
 /// The actions that make the local cluster agree with `plan` (see the module documentation).
 /// `now` is the `lastTransitionTime` of conditions that change status.
 ///
-/// Order: imports, their status, slices, slice deletions, import deletions, then each
-/// export's status followed by its Event if a conflict appeared or cleared.
+/// Order: slice deletions, slices, imports, their status, import deletions, then each
+/// export's status followed by its Event if a conflict appeared or cleared. (Slices before
+/// imports: see [`reconcile_service`].)
 ///
 /// ```
 /// use std::sync::Arc;

@@ -222,3 +222,116 @@ fn an_observed_condition_reads_back_as_the_api_had_it() {
     let back: Vec<Condition> = observed.conditions.iter().map(|c| c.to_k8s()).collect();
     assert_eq!(back, vec![condition]);
 }
+
+/// The oldest cluster moves its `http` port from 80 to 81; the other still declares 80, loses
+/// the port and its slice. Replaying the controller's writes one at a time, as a node watching
+/// the cluster sees them, port 81 never reaches the cluster that does not declare it: the
+/// slices go before the import.
+#[test]
+fn a_port_never_reaches_a_cluster_that_dropped_it_at_any_step_of_the_writes() {
+    let snap = |c: &str, port: i32, created: i64, ip: &str| {
+        snapshot(c)
+            .service(
+                service("demo", "web")
+                    .families(&["IPv4"])
+                    .port(("http", "TCP", port)),
+            )
+            .export(export("demo", "web").created_at(created))
+            .slice(
+                local_slice("demo", &format!("web-{c}"), "web")
+                    .address_type("IPv4")
+                    .port(("http", "TCP", 8080))
+                    .endpoint(endpoint(ip).ready()),
+            )
+            .build()
+    };
+    let (c1, config) = (cluster("c1"), crate::merge::ClusterSetConfig::default());
+    let before = crate::merge::merge(
+        &[
+            snap("c1", 80, 1_700_000_000, "10.1.0.1"),
+            snap("c2", 80, 1_700_000_100, "10.2.0.1"),
+        ],
+        &config,
+        &c1,
+        &[],
+    );
+    let after = crate::merge::merge(
+        &[
+            snap("c1", 81, 1_700_000_000, "10.1.0.1"),
+            snap("c2", 80, 1_700_000_100, "10.2.0.1"),
+        ],
+        &config,
+        &c1,
+        &before.service_imports,
+    );
+    let imports: Vec<ServiceImport> = before.service_imports.iter().map(|i| i.to_k8s()).collect();
+    let slices: Vec<EndpointSlice> = before.endpoint_slices.iter().map(|s| s.to_k8s()).collect();
+    let now = crate::merge::conditions::epoch();
+    // The controller's own writes for the service, and those of a whole-cluster reconcile.
+    let names = Interner::new();
+    let observed_import = ObservedImport::from_k8s(&imports[0], &names).expect("ours");
+    let observed_slices: Vec<Arc<ObservedSlice>> = slices
+        .iter()
+        .map(|s| Arc::new(ObservedSlice::from_k8s(s, &names)))
+        .collect();
+    let desired_slices: Vec<SliceInput> = after
+        .endpoint_slices
+        .iter()
+        .map(|s| record_input(s.clone()))
+        .collect();
+    let of_service = reconcile_service(
+        &NamespacedName::new("demo", "web"),
+        DesiredService {
+            import: after.service_imports.first(),
+            slices: &desired_slices,
+            local_export: None,
+        },
+        ObservedService {
+            import: Some(&observed_import),
+            slices: &observed_slices,
+            export: None,
+        },
+        &now,
+    );
+    let observed = Observed {
+        imports: imports.iter().cloned().map(Arc::new).collect(),
+        slices: slices.iter().cloned().map(Arc::new).collect(),
+        exports: vec![],
+    };
+    let whole = reconcile(&after, &c1, &observed, &now);
+    for actions in [of_service, whole] {
+        assert!(
+            actions
+                .iter()
+                .any(|a| matches!(a, Action::DeleteSlice { .. })),
+            "{actions:?}"
+        );
+        replay(&actions, imports.clone(), slices.clone());
+    }
+}
+
+/// Applies `actions` one at a time to `imports` and `slices`, and checks after each that the
+/// lb table routes port 81 to cluster c1 only.
+fn replay(actions: &[Action], mut imports: Vec<ServiceImport>, mut slices: Vec<EndpointSlice>) {
+    for (step, action) in actions.iter().enumerate() {
+        match action {
+            Action::ApplyImport(si) => imports = vec![si.clone()],
+            Action::ApplySlice(s) => {
+                slices.retain(|o| o.metadata.name != s.metadata.name);
+                slices.push(s.clone());
+            }
+            Action::DeleteSlice { slice, .. } => {
+                slices.retain(|o| o.metadata.name.as_deref() != Some(&*slice.name))
+            }
+            _ => {}
+        }
+        for (addr, fe) in &crate::lb::build(&imports, &slices).frontends {
+            let clusters: Vec<&str> = fe.backends.iter().map(|b| b.cluster.as_str()).collect();
+            assert!(
+                addr.port != 81 || clusters.iter().all(|c| *c == "c1"),
+                "after write {step} ({}): {addr} reaches {clusters:?}",
+                action.label().0
+            );
+        }
+    }
+}
