@@ -223,6 +223,35 @@ pub fn crds() -> Result<
             required.retain(|r| r != "spec");
         }
     }
+    // Lists keyed by a field, so that server-side apply merges them entry by entry: the
+    // controller's apply of its condition types leaves the conditions others set in place
+    // (an atomic list would be replaced whole).
+    for (crd, lists) in [
+        (&mut export, &[("conditions", "type")][..]),
+        (
+            &mut import,
+            &[("conditions", "type"), ("clusters", "cluster")][..],
+        ),
+    ] {
+        for version in &mut crd.spec.versions {
+            let Some(status) = version
+                .schema
+                .as_mut()
+                .and_then(|s| s.open_api_v3_schema.as_mut())
+                .and_then(|s| s.properties.as_mut())
+                .and_then(|p| p.get_mut("status"))
+                .and_then(|s| s.properties.as_mut())
+            else {
+                continue;
+            };
+            for (list, key) in lists {
+                if let Some(list) = status.get_mut(*list) {
+                    list.x_kubernetes_list_type = Some("map".into());
+                    list.x_kubernetes_list_map_keys = Some(vec![(*key).into()]);
+                }
+            }
+        }
+    }
     for crd in [&mut export, &mut import] {
         let labels = crd.metadata.labels.get_or_insert_with(BTreeMap::new);
         labels.insert(
@@ -240,6 +269,52 @@ pub fn crds() -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Server-side apply merges the condition lists (and the import's clusters) entry by
+    /// entry, so the controller's apply leaves the conditions others set in place.
+    #[test]
+    fn status_lists_are_keyed_for_server_side_apply() {
+        for crd in crds().expect("crds merge") {
+            let kind = crd.spec.names.kind.clone();
+            let keyed: &[(&str, &str)] = if kind == "ServiceImport" {
+                &[("conditions", "type"), ("clusters", "cluster")]
+            } else {
+                &[("conditions", "type")]
+            };
+            for version in &crd.spec.versions {
+                let status = version
+                    .schema
+                    .as_ref()
+                    .and_then(|s| s.open_api_v3_schema.as_ref())
+                    .and_then(|s| s.properties.as_ref())
+                    .and_then(|p| p.get("status"))
+                    .and_then(|s| s.properties.as_ref())
+                    .expect("a status schema");
+                for (list, key) in keyed {
+                    let list = &status[*list];
+                    assert_eq!(
+                        list.x_kubernetes_list_type.as_deref(),
+                        Some("map"),
+                        "{kind}"
+                    );
+                    assert_eq!(
+                        list.x_kubernetes_list_map_keys.as_deref(),
+                        Some(&[(*key).to_owned()][..]),
+                        "{kind}"
+                    );
+                    let item = list.items.as_ref();
+                    let required = match item {
+                        Some(k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaPropsOrArray::Schema(s)) => s.required.clone().unwrap_or_default(),
+                        _ => Vec::new(),
+                    };
+                    assert!(
+                        required.iter().any(|r| r == key),
+                        "{kind}: {key} must be required"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn crds_serve_both_versions_and_store_v1beta1() {
