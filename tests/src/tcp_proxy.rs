@@ -10,10 +10,12 @@ use tokio::{
     task::JoinHandle,
 };
 
-/// Forwards every connection to `target` until [`cut`](Self::cut).
+/// Forwards every connection to `target` until [`cut`](Self::cut), except while
+/// [`blocked`](Self::block).
 pub struct TcpProxy {
     addr: SocketAddr,
     cut: watch::Sender<bool>,
+    blocked: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
 
@@ -24,6 +26,7 @@ impl TcpProxy {
             .context("binding the proxy")?;
         let addr = listener.local_addr()?;
         let (cut, rx) = watch::channel(false);
+        let (blocked, blocked_rx) = watch::channel(false);
         let task = tokio::spawn(async move {
             let mut stop = rx.clone();
             loop {
@@ -34,7 +37,10 @@ impl TcpProxy {
                 let Ok((mut inbound, _)) = accepted else {
                     continue;
                 };
-                let mut stop = rx.clone();
+                if *blocked_rx.borrow() {
+                    continue; // dropped: the connection dies at once
+                }
+                let (mut stop, mut block) = (rx.clone(), blocked_rx.clone());
                 tokio::spawn(async move {
                     let Ok(mut outbound) = TcpStream::connect(target).await else {
                         return;
@@ -42,11 +48,17 @@ impl TcpProxy {
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
                         _ = stop.wait_for(|c| *c) => {} // both ends are dropped: the connection dies
+                        _ = block.wait_for(|b| *b) => {}
                     }
                 });
             }
         });
-        Ok(Self { addr, cut, task })
+        Ok(Self {
+            addr,
+            cut,
+            blocked,
+            task,
+        })
     }
 
     /// `http://127.0.0.1:PORT` of the proxy.
@@ -63,6 +75,12 @@ impl TcpProxy {
     /// Cuts every connection and refuses new ones.
     pub fn cut(&self) {
         let _ = self.cut.send(true);
+    }
+
+    /// A partition while `blocked`: every connection is cut and new ones are dropped; then
+    /// connections go through again.
+    pub fn block(&self, blocked: bool) {
+        let _ = self.blocked.send(blocked);
     }
 }
 

@@ -630,10 +630,10 @@ fn holder(srv: &FakeApiServer) -> Option<String> {
         .holder_identity
 }
 
-/// 5: with two agents only the lease holder writes; when it is lost (its network cut, nothing
-/// released), the other takes over within the lease duration and carries on.
-#[tokio::test]
-async fn only_the_leader_writes_and_leadership_moves_on_pod_loss() -> anyhow::Result<()> {
+/// Two members of one service and two elected agents for east, once `web` is imported: the
+/// servers, then the lease holder and the other agent.
+async fn two_elected_agents()
+-> anyhow::Result<(FakeApiServer, FakeApiServer, ElectedAgent, ElectedAgent)> {
     let (east, west) = (FakeApiServer::start().await?, FakeApiServer::start().await?);
     seed(&east, "east", T_EAST, &["10.1.0.1"]);
     seed(&west, "west", T_WEST, &["10.2.0.1"]);
@@ -652,6 +652,14 @@ async fn only_the_leader_writes_and_leadership_moves_on_pod_loss() -> anyhow::Re
     } else {
         (b, a)
     };
+    Ok((east, west, leader, follower))
+}
+
+/// 5: with two agents only the lease holder writes; when it is lost (its network cut, nothing
+/// released), the other takes over within the lease duration and carries on.
+#[tokio::test]
+async fn only_the_leader_writes_and_leadership_moves_on_pod_loss() -> anyhow::Result<()> {
+    let (east, west, leader, follower) = two_elected_agents().await?;
     assert_eq!(leader_gauge(&leader.metrics), 1);
     assert_eq!(leader_gauge(&follower.metrics), 0);
     // Every write the server saw is the leader's (its counter catches up right after the
@@ -692,6 +700,61 @@ async fn only_the_leader_writes_and_leadership_moves_on_pod_loss() -> anyhow::Re
     .await?;
     eventually(WAIT, "the new leader counted its write", || {
         (follower.metrics.writes_total() >= 1).then_some(())
+    })
+    .await?;
+    Ok(())
+}
+
+/// 5b: a leader cut off from its API server (nothing released, the pod still running) steps
+/// down on its own before the other agent may take the Lease, and, once the partition heals,
+/// writes nothing while the other holds it. (The lease manager alone reports the loss only
+/// when it reaches the API server again.)
+#[tokio::test]
+async fn a_partitioned_leader_steps_down_and_stays_down_after_the_heal() -> anyhow::Result<()> {
+    let (east, west, old, new) = two_elected_agents().await?;
+    eventually(WAIT, "the leader leads", || {
+        (leader_gauge(&old.metrics) == 1).then_some(())
+    })
+    .await?;
+
+    let cut_at = tokio::time::Instant::now();
+    old.proxy.block(true);
+    // The lease lasts 3 s with a renew grace of 1 s: the old leader stops by 2.5 s after its
+    // last renewal, before the other agent may take the Lease.
+    eventually(WAIT, "the partitioned leader steps down", || {
+        (leader_gauge(&old.metrics) == 0).then_some(())
+    })
+    .await?;
+    assert!(
+        cut_at.elapsed() < Duration::from_secs(3),
+        "stepped down {:?} after the cut",
+        cut_at.elapsed()
+    );
+    let new_name = new.name.clone();
+    east.wait_until(WAIT, "the other agent holds the lease", |s| {
+        holder(s).as_deref() == Some(new_name.as_str())
+    })
+    .await?;
+
+    old.proxy.block(false);
+    let before = old.metrics.writes_total();
+    for i in 0..12u8 {
+        let ip = format!("10.2.0.{}", 20 + i);
+        west.put(&ready_slice("web", "west", &["10.2.0.1", &ip]));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(leader_gauge(&old.metrics), 0, "the old leader leads again");
+    }
+    assert_eq!(
+        old.metrics.writes_total(),
+        before,
+        "the old leader wrote while the other agent held the lease"
+    );
+    east.wait_until(WAIT, "the new leader imports the last endpoint", |s| {
+        imported(s, "web")
+            == expect_imported(&[
+                ("east", &["10.1.0.1"]),
+                ("west", &["10.2.0.1", "10.2.0.31"]),
+            ])
     })
     .await?;
     Ok(())

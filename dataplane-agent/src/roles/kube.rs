@@ -25,11 +25,12 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 use kube_lease_manager::{LeaseManagerBuilder, LeaseParams};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tracing::{error, info, warn};
 
 use super::{
     controller::{self, ControllerSettings},
+    lease_guard,
     node::{self, Node},
 };
 use crate::{
@@ -350,14 +351,24 @@ pub async fn elect_and_control(
         };
         backoff = Duration::from_millis(500);
         let (leader, task) = manager.watch().await;
-        let control = controller::run_elected(
-            settings.clone(),
-            members.clone(),
-            metrics.clone(),
+        // The controller runs while the guard says this replica leads: while the manager holds
+        // the Lease and this replica has seen its renewal in time.
+        let (leading_tx, leading) = watch::channel(false);
+        let guard = lease_guard::guard(
+            Api::namespaced(local_client.clone(), &lease_namespace),
+            lease_guard::LeaseTerms {
+                name: lease.lease_name.clone(),
+                identity: settings.identity.clone(),
+                duration: lease.lease_duration,
+                renew_grace: lease.renew_grace,
+            },
             leader.clone(),
+            leading_tx,
         );
+        let control =
+            controller::run_elected(settings.clone(), members.clone(), metrics.clone(), leading);
         tokio::select! {
-            () = control => {
+            _ = async { tokio::join!(control, guard) } => {
                 warn!("the lease manager stopped; setting it up again");
             }
             () = shutdown.notified() => {

@@ -8,6 +8,7 @@
 
 pub mod controller;
 pub mod kube;
+pub mod lease_guard;
 pub mod node;
 pub mod standalone;
 
