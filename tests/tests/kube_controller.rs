@@ -760,6 +760,49 @@ async fn a_partitioned_leader_steps_down_and_stays_down_after_the_heal() -> anyh
     Ok(())
 }
 
+/// A write that keeps failing (here the export's status: the local API server forbids it)
+/// is retried after 1 s, then 2 s, ..., not on every event of an unrelated service.
+#[tokio::test]
+async fn a_failing_write_is_retried_with_backoff_not_on_every_event() -> anyhow::Result<()> {
+    let (east, west) = (FakeApiServer::start().await?, FakeApiServer::start().await?);
+    seed(&east, "east", T_EAST, &["10.1.0.1"]);
+    seed(&west, "west", T_WEST, &["10.2.0.1"]);
+    let _c = start(
+        "east",
+        &[("east", &east), ("west", &west)],
+        Duration::from_secs(300),
+    );
+    east.wait_until(WAIT, "web is imported", |s| {
+        ready_import(s, "web").is_some() && export_summary(s, "web") == no_conflict()
+    })
+    .await?;
+    east.forbid("serviceexports");
+    east.clear_requests();
+    // A port conflict: east's export status must change, and that write fails.
+    west.put(&http_service("web", 81));
+    // Churn elsewhere: an unrelated exported service changes every 50 ms for 3 s.
+    west.put(&export(NS, "noise").created(T_WEST).build());
+    for i in 0..60 {
+        west.put(&ready_slice(
+            "noise",
+            "west",
+            &[&format!("10.2.1.{}", 1 + i)],
+        ));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let attempts = east
+        .requests()
+        .iter()
+        .filter(|r| r.is_write() && r.path.contains("/serviceexports/web/status"))
+        .count();
+    // At once, then after 1 s and 2 s: three in 3 s (one more for timing).
+    assert!(
+        (1..=4).contains(&attempts),
+        "{attempts} attempts of a failing write in 3 s"
+    );
+    Ok(())
+}
+
 /// 6: a member unreachable past the grace period has its endpoints withdrawn and the import's
 /// Ready message says so; before that, nothing changes; when it is back, they return.
 #[tokio::test]

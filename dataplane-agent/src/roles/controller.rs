@@ -92,8 +92,11 @@ struct Controller {
     names: Arc<Interner>,
     /// Services whose inputs changed since the last merge.
     to_merge: BTreeSet<NamespacedName>,
-    /// Services whose observed objects changed, or whose writes failed.
+    /// Services whose observed objects changed.
     to_compare: BTreeSet<NamespacedName>,
+    /// Services whose writes failed: compared again when the retry is due (not on every
+    /// event elsewhere), or sooner when their own inputs change.
+    failed: BTreeSet<NamespacedName>,
     /// Whether the first full merge has run.
     merged: bool,
     withdrawn: BTreeSet<ClusterId>,
@@ -181,6 +184,10 @@ impl Controller {
         };
         let mut services = merged.clone();
         services.extend(std::mem::take(&mut self.to_compare));
+        // Compared now: a write that fails again files the service again.
+        for service in &services {
+            self.failed.remove(service);
+        }
         let mut refused_changed = false;
         for service in &merged {
             let refused = self.state.service(service).map_or(&[][..], |o| &o.refused);
@@ -283,13 +290,13 @@ impl Controller {
                     self.metrics.write(kind, op, false);
                     match action.service() {
                         Some(service) => {
-                            self.to_compare.insert(service.clone());
+                            self.failed.insert(service.clone());
                             if matches!(action, Action::ApplyExportStatus { .. }) {
                                 failed_exports.insert(service);
                             }
                         }
                         // A slice deletion: compare every service again on the retry.
-                        None => self.to_compare.extend(self.observed.services()),
+                        None => self.failed.extend(self.observed.services()),
                     }
                     warn!(error = %e, "write failed; will retry");
                 }
@@ -438,6 +445,7 @@ pub async fn run(
         names,
         to_merge: BTreeSet::new(),
         to_compare: BTreeSet::new(),
+        failed: BTreeSet::new(),
         merged: false,
         withdrawn: BTreeSet::new(),
         conflicts: HashMap::new(),
@@ -477,6 +485,10 @@ pub async fn run(
         };
         ctl.set_withdrawn(withdrawn, &watches);
         let retrying = retry.is_some_and(|(at, _)| Instant::now() >= at);
+        if retrying {
+            let due = std::mem::take(&mut ctl.failed);
+            ctl.to_compare.extend(due);
+        }
         if ctl.merged && ctl.to_merge.is_empty() && ctl.to_compare.is_empty() && !retrying {
             continue;
         }
@@ -511,16 +523,19 @@ pub async fn run(
                 "reconciled"
             );
         }
-        retry = match (errors, retry) {
-            (0, _) => None,
-            (_, None) => Some((
+        // The failed writes are retried after 1 s, then after twice as long each time they
+        // fail again (up to MAX_RETRY); a pass of other services leaves that schedule alone.
+        retry = match retry {
+            _ if ctl.failed.is_empty() => None,
+            None => Some((
                 Instant::now() + Duration::from_secs(1),
                 Duration::from_secs(1),
             )),
-            (_, Some((_, backoff))) => {
+            Some((_, backoff)) if retrying => {
                 let backoff = (backoff * 2).min(MAX_RETRY);
                 Some((Instant::now() + backoff, backoff))
             }
+            kept => kept,
         };
     }
 }
