@@ -878,3 +878,51 @@ fn standalone_serves_the_merged_imports() {
     .unwrap();
     assert_eq!(srv.data(), strings(&[&format!("0 100 80 {WEB}")]));
 }
+
+/// The dual-stack listen list that docs/dns.md and the DaemonSet suggest, `0.0.0.0:P` and
+/// `[::]:P`, binds both (an IPv6 wildcard would otherwise take the IPv4 port too) and answers
+/// over IPv4 and IPv6, over UDP and TCP. In a network namespace of the test's own, with only
+/// `lo`, so the wildcards bind nothing of the host.
+#[test]
+fn dual_stack_wildcard_listen_addresses_serve_both_families() {
+    require_root!();
+    std::thread::spawn(|| {
+        // SAFETY: unshare of this thread's network namespace: the sockets below are bound in
+        // a namespace that goes away with the thread.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        let up = std::process::Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status()
+            .expect("ip");
+        assert!(up.success());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let options = DnsOptions {
+                listen: vec![
+                    "0.0.0.0:5353".parse().unwrap(),
+                    "[::]:5353".parse().unwrap(),
+                ],
+                ttl: 5,
+            };
+            let (zone, _server) = dns::start(&options)
+                .expect("both addresses bind")
+                .expect("a server");
+            let mut feed = Feed {
+                index: InputIndex::default(),
+                zone,
+                synced: false,
+            };
+            feed.apply(inputs(INPUTS).change(&Interner::new()));
+            for addr in ["127.0.0.1:5353", "[::1]:5353"] {
+                let reply = ask(addr.parse().unwrap(), WEB, RecordType::A).await;
+                assert_eq!(reply.code, ResponseCode::NoError, "{addr}");
+                assert!(!reply.answers.is_empty(), "{addr}: {reply:?}");
+            }
+        });
+    })
+    .join()
+    .expect("the test thread");
+}

@@ -126,10 +126,34 @@ pub struct DnsServer {
     pub addresses: Vec<SocketAddr>,
 }
 
-fn udp_socket(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
-    let socket = std::net::UdpSocket::bind(addr)?;
+/// A non-blocking socket of `kind` bound to `addr` (and listening, for TCP). An IPv6 socket
+/// serves IPv6 only: with Linux's default `bindv6only=0`, `[::]:PORT` would also take
+/// `0.0.0.0:PORT`, and a dual-stack listen list (`0.0.0.0:5353` and `[::]:5353`) would fail.
+fn bound(addr: SocketAddr, kind: socket2::Type) -> std::io::Result<socket2::Socket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let protocol = if kind == Type::STREAM {
+        Protocol::TCP
+    } else {
+        Protocol::UDP
+    };
+    let socket = Socket::new(Domain::for_address(addr), kind, Some(protocol))?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    if kind == Type::STREAM {
+        // As std's TcpListener::bind does: a restarted agent rebinds despite TIME_WAIT.
+        socket.set_reuse_address(true)?;
+    }
+    socket.bind(&addr.into())?;
+    if kind == Type::STREAM {
+        socket.listen(1024)?;
+    }
     socket.set_nonblocking(true)?;
     Ok(socket)
+}
+
+fn udp_socket(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    bound(addr, socket2::Type::DGRAM).map(Into::into)
 }
 
 /// The sockets of one serving thread.
@@ -199,8 +223,8 @@ pub fn serve(listen: &[SocketAddr], zone: DnsZone) -> Result<DnsServer, DnsServe
             addr,
             source,
         };
-        let tcp = std::net::TcpListener::bind(requested)
-            .and_then(|tcp| tcp.set_nonblocking(true).map(|()| tcp))
+        let tcp: std::net::TcpListener = bound(*requested, socket2::Type::STREAM)
+            .map(Into::into)
             .map_err(|e| bind_error("TCP", *requested, e))?;
         let addr = tcp.local_addr().unwrap_or(*requested);
         // One socket, read by every thread: whichever is free takes the next query.
