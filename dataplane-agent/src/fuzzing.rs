@@ -16,6 +16,7 @@ use dataplane_core::{
     model::{
         ClusterId, EndpointSlice, Interner, NamespacedName, ServiceImport, records::ImportRecord,
     },
+    policy::AddressPolicy,
 };
 use hickory_proto::rr::{LowerName, RecordType};
 
@@ -156,7 +157,12 @@ pub fn node_manifests(data: &[u8]) -> Option<NodeOutcome> {
     );
 
     let zone = DnsZone::new(30);
-    zone.sync(index.services(), |s| index.inputs(s), true);
+    zone.sync(
+        index.services(),
+        |s| index.inputs(s),
+        &AddressPolicy::default(),
+        true,
+    );
     let mut answered = 0;
     for service in index.services() {
         let Some(fqdn) = service_fqdn(&service.namespace, &service.name) else {

@@ -22,6 +22,7 @@ use dataplane_agent::{
 use dataplane_core::{
     lb::inputs::{Change, InputIndex, import_input, slice_input},
     model::{Interner, NamespacedName},
+    policy::AddressPolicy,
 };
 use hickory_proto::{
     op::{Message, ResponseCode},
@@ -135,6 +136,8 @@ struct Feed {
     index: InputIndex,
     zone: DnsZone,
     synced: bool,
+    /// The node's address policy (the default: the default ClusterSet CIDRs).
+    policy: AddressPolicy,
 }
 
 impl Feed {
@@ -146,9 +149,11 @@ impl Feed {
         }
         let index = &self.index;
         if self.synced {
-            self.zone.sync(&dirty, |s| index.inputs(s), false);
+            self.zone
+                .sync(&dirty, |s| index.inputs(s), &self.policy, false);
         } else {
-            self.zone.sync(index.services(), |s| index.inputs(s), true);
+            self.zone
+                .sync(index.services(), |s| index.inputs(s), &self.policy, true);
             self.synced = true;
         }
     }
@@ -166,6 +171,7 @@ async fn start() -> (Feed, DnsServer, SocketAddr) {
         index: InputIndex::default(),
         zone,
         synced: false,
+        policy: AddressPolicy::default(),
     };
     (feed, server, addr)
 }
@@ -517,32 +523,43 @@ spec:
     );
 }
 
-#[tokio::test]
-async fn large_answers_truncate_over_udp_and_come_whole_over_tcp() {
-    let (mut feed, _server, addr) = start().await;
-    let mut yaml = String::from(
+/// A headless import `service` in `demo` with one port (name, port, target port) and one
+/// IPv4 slice of `cluster` listing `endpoints` (YAML flow mappings).
+fn headless(service: &str, cluster: &str, port: (&str, u16, u16), endpoints: &[String]) -> String {
+    let (name, number, target) = port;
+    let mut yaml = format!(
         r#"
 apiVersion: multicluster.x-k8s.io/v1beta1
 kind: ServiceImport
-metadata: {name: big, namespace: demo}
+metadata: {{name: {service}, namespace: demo}}
 spec:
   type: Headless
-  ports: [{name: http, protocol: TCP, port: 80}]
+  ports: [{{name: {name}, protocol: TCP, port: {number}}}]
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata:
-  name: big-east
+  name: {service}-{cluster}
   namespace: demo
-  labels: {multicluster.kubernetes.io/service-name: big, multicluster.kubernetes.io/source-cluster: east}
+  labels: {{multicluster.kubernetes.io/service-name: {service}, multicluster.kubernetes.io/source-cluster: {cluster}}}
 addressType: IPv4
-ports: [{name: http, protocol: TCP, port: 8080}]
+ports: [{{name: {name}, protocol: TCP, port: {target}}}]
 endpoints:
-"#,
+"#
     );
-    for i in 0..100 {
-        yaml.push_str(&format!("- {{addresses: [10.3.0.{}]}}\n", i + 1));
+    for e in endpoints {
+        yaml.push_str(&format!("- {e}\n"));
     }
+    yaml
+}
+
+#[tokio::test]
+async fn large_answers_truncate_over_udp_and_come_whole_over_tcp() {
+    let (mut feed, _server, addr) = start().await;
+    let endpoints: Vec<String> = (0..100)
+        .map(|i| format!("{{addresses: [10.3.0.{}]}}", i + 1))
+        .collect();
+    let yaml = headless("big", "east", ("http", 80, 8080), &endpoints);
     feed.apply(inputs(&yaml).change(&Interner::new()));
     let name = "big.demo.svc.clusterset.local.";
     let udp = query(addr, Transport::Udp, name, RecordType::A)
@@ -914,6 +931,7 @@ fn dual_stack_wildcard_listen_addresses_serve_both_families() {
                 index: InputIndex::default(),
                 zone,
                 synced: false,
+                policy: AddressPolicy::default(),
             };
             feed.apply(inputs(INPUTS).change(&Interner::new()));
             for addr in ["127.0.0.1:5353", "[::1]:5353"] {
@@ -925,4 +943,55 @@ fn dual_stack_wildcard_listen_addresses_serve_both_families() {
     })
     .join()
     .expect("the test thread");
+}
+
+/// An address the datapath refuses gets no name either: a ClusterSet IP outside the ClusterSet
+/// CIDRs has no A record and no PTR, and a headless service's endpoints on loopback or the
+/// cloud metadata address are left out of its A and SRV answers (the others stay).
+#[tokio::test]
+async fn refused_addresses_get_no_records() {
+    let (mut feed, _server, addr) = start().await;
+    let endpoints = [
+        "{addresses: [169.254.169.254], hostname: meta}".to_owned(),
+        "{addresses: [127.0.0.1], hostname: lo}".to_owned(),
+        "{addresses: [10.2.0.5], hostname: db-0}".to_owned(),
+    ];
+    let yaml = format!(
+        r#"
+apiVersion: multicluster.x-k8s.io/v1beta1
+kind: ServiceImport
+metadata: {{name: api, namespace: demo}}
+spec:
+  type: ClusterSetIP
+  ips: [10.96.0.1]
+  ipFamilies: [IPv4]
+  ports: [{{name: http, protocol: TCP, port: 80}}]
+---{}"#,
+        headless("db", "west", ("sql", 5432, 5432), &endpoints)
+    );
+    feed.apply(inputs(&yaml).change(&Interner::new()));
+    assert!(
+        data(addr, API, RecordType::A).await.1.is_empty(),
+        "A of a refused VIP"
+    );
+    assert!(
+        data(addr, "1.0.96.10.in-addr.arpa.", RecordType::PTR)
+            .await
+            .1
+            .is_empty(),
+        "PTR of a refused VIP"
+    );
+    let (code, a) = data(addr, DB, RecordType::A).await;
+    assert_eq!(code, ResponseCode::NoError);
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert!(a[0].ends_with("10.2.0.5"), "{a:?}");
+    let (_, srv) = data(addr, &format!("_sql._tcp.{DB}"), RecordType::SRV).await;
+    assert_eq!(srv.len(), 1, "{srv:?}");
+    assert!(srv[0].contains("db-0"), "{srv:?}");
+    assert_eq!(
+        data(addr, &format!("meta.west.{DB}"), RecordType::A)
+            .await
+            .0,
+        ResponseCode::NXDomain
+    );
 }

@@ -24,6 +24,7 @@ use dataplane_core::{
         IpFamily, NamespacedName, ServiceImportType,
         records::{ImportRecord, PortProtocol},
     },
+    policy::AddressPolicy,
 };
 use zone::{DnsEndpoint, DnsKind, DnsPort, DnsProtocol, DnsService, ServiceRecords, Zone};
 
@@ -35,8 +36,14 @@ use zone::{DnsEndpoint, DnsKind, DnsPort, DnsProtocol, DnsService, ServiceRecord
 /// an endpoint counts from a slice of the address's family; its ports are its slice's (the
 /// ports its cluster declares like the import); a nil `ready` is ready. DNS is stricter in one
 /// place: an IP beyond the listed families is left out, so a family is answered only when the
-/// import lists it.
-pub fn dns_service(service: &NamespacedName, inputs: ServiceInputs<'_>) -> Option<DnsService> {
+/// import lists it. A ClusterSet IP or an endpoint address that `policy` refuses is left out
+/// too, as the lb table leaves it out: no name leads a client to an address the datapath
+/// refuses (the cloud metadata service, loopback, an IP outside the ClusterSet CIDRs).
+pub fn dns_service(
+    service: &NamespacedName,
+    inputs: ServiceInputs<'_>,
+    policy: &AddressPolicy,
+) -> Option<DnsService> {
     let mut imports = inputs.imports.iter().filter_map(|c| c.record());
     let first = imports.next()?;
     let rest: Vec<&ImportRecord> = imports.collect();
@@ -74,7 +81,10 @@ pub fn dns_service(service: &NamespacedName, inputs: ServiceInputs<'_>) -> Optio
                 Some(declared) => *declared == family,
                 None => si.ip_families.is_empty(),
             };
-            if listed && !ips.iter().any(|v| IpFamily::of(v) == family) {
+            if listed
+                && policy.check_vip(ip).is_ok()
+                && !ips.iter().any(|v| IpFamily::of(v) == family)
+            {
                 ips.push(ip);
             }
         }
@@ -96,7 +106,10 @@ pub fn dns_service(service: &NamespacedName, inputs: ServiceInputs<'_>) -> Optio
             })
             .collect();
         for ep in slice.endpoints.iter() {
-            for ip in ep.addresses() {
+            for ip in ep
+                .addresses()
+                .filter(|ip| policy.check_backend(&slice.cluster, *ip).is_ok())
+            {
                 out.endpoints.push(DnsEndpoint {
                     cluster: slice.cluster.to_string(),
                     hostname: ep.hostname().map(str::to_owned),
@@ -143,19 +156,21 @@ impl DnsZone {
         self.0.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Rebuilds `services` from `inputs` and swaps them in; with `full`, every service not in
-    /// `services` is dropped first (the first sync, after the initial lists). Marks the zone
-    /// ready: the node calls this only once its inputs are complete.
+    /// Rebuilds `services` from `inputs` and swaps them in, with only the addresses `policy`
+    /// allows; with `full`, every service not in `services` is dropped first (the first sync,
+    /// after the initial lists). Marks the zone ready: the node calls this only once its
+    /// inputs are complete.
     pub fn sync<'a, 'n>(
         &self,
         services: impl IntoIterator<Item = &'n NamespacedName>,
         inputs: impl Fn(&NamespacedName) -> ServiceInputs<'a>,
+        policy: &AddressPolicy,
         full: bool,
     ) {
         let built: Vec<(zone::ServiceKey, Option<ServiceRecords>)> = services
             .into_iter()
             .map(|s| {
-                let records = dns_service(s, inputs(s)).and_then(|svc| {
+                let records = dns_service(s, inputs(s), policy).and_then(|svc| {
                     zone::build_service(&svc)
                         .inspect_err(|e| warn!(service = %s, "no DNS records: {e}"))
                         .ok()

@@ -167,10 +167,10 @@ impl Node {
             let inputs = &self.inputs;
             if self.synced {
                 if !dirty.is_empty() {
-                    dns.sync(&dirty, |s| inputs.inputs(s), false);
+                    dns.sync(&dirty, |s| inputs.inputs(s), &self.policy, false);
                 }
             } else {
-                dns.sync(inputs.services(), |s| inputs.inputs(s), true);
+                dns.sync(inputs.services(), |s| inputs.inputs(s), &self.policy, true);
             }
         }
         // The first sync is a full one: it prunes what adopted maps hold that the inputs do
