@@ -6,7 +6,8 @@
 //! [`Change::ImportDeleted`], [`Change::Slice`] and [`Change::SliceDeleted`] for the objects
 //! whose used definition differs ([`FileObjects`]); a removed file deletes its objects. A file
 //! that cannot be read or has a YAML syntax error (half-written, broken) keeps its last good
-//! objects; a file with some unusable documents keeps the good ones. An object defined more
+//! objects (and a file still open for writing is not read until it is closed, or
+//! [`super::watch::WRITE_WAIT`] has passed); a file with some unusable documents keeps the good ones. An object defined more
 //! than once is used in its smallest definition and reported. A directory that cannot be
 //! listed keeps everything.
 //!

@@ -8,12 +8,21 @@ use std::{
     time::Duration,
 };
 
-use notify::{RecursiveMode, Watcher as _};
-use tokio::sync::mpsc;
+use notify::{
+    EventKind, RecursiveMode, Watcher as _,
+    event::{AccessKind, AccessMode, ModifyKind},
+};
+use tokio::{sync::mpsc, time::Instant};
 
 /// How long to wait after a change for more changes before re-reading, so an editor's
 /// write-rename-chmod sequence or a `cp -r` produces one re-sync.
 pub const SETTLE: Duration = Duration::from_millis(25);
+
+/// Longest wait, from a batch's first change, for the files written in it to be closed: a
+/// file rewritten in place (`generator > a.yaml`) is empty or a prefix until its writer
+/// closes it, and reading it then would delete or shrink its services. A writer that keeps
+/// a file open longer has it read anyway.
+pub const WRITE_WAIT: Duration = Duration::from_secs(5);
 
 /// One batch of changes under the watched directory.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -49,14 +58,52 @@ impl Changes {
     }
 }
 
-/// What the `notify` callback hands over: an event's paths, or `None` to rescan.
-type Raw = Option<Vec<PathBuf>>;
+/// What the `notify` callback hands over.
+enum Raw {
+    /// Paths created, removed, renamed or changed in their metadata.
+    Changed(Vec<PathBuf>),
+    /// Files written to: open for writing until they are [`Raw::Closed`].
+    Written(Vec<PathBuf>),
+    /// Files closed after writing.
+    Closed(Vec<PathBuf>),
+    /// Everything must be read again.
+    Rescan,
+}
+
+/// A batch being gathered: its changes, and the files written in it and not closed yet.
+#[derive(Default)]
+struct Batch {
+    changes: Changes,
+    writing: BTreeSet<PathBuf>,
+}
+
+impl Batch {
+    fn file(&mut self, root: &Path, raw: Raw) {
+        match raw {
+            Raw::Changed(paths) => self.changes.add(root, &paths),
+            Raw::Written(paths) => {
+                self.changes.add(root, &paths);
+                self.writing.extend(paths);
+            }
+            Raw::Closed(paths) => {
+                self.changes.add(root, &paths);
+                for path in &paths {
+                    self.writing.remove(path);
+                }
+            }
+            Raw::Rescan => self.changes.rescan = true,
+        }
+    }
+}
 
 /// Delivers [`Changes`] after changes under a directory settle.
 pub struct DirWatcher {
     _watcher: notify::RecommendedWatcher,
     root: PathBuf,
     rx: mpsc::UnboundedReceiver<Raw>,
+    /// The batch being gathered and when its first change came: kept here, so that a call of
+    /// [`changed`](Self::changed) dropped in a `select!` loses nothing.
+    batch: Option<(Instant, Batch)>,
 }
 
 impl DirWatcher {
@@ -66,11 +113,17 @@ impl DirWatcher {
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
                 let raw = match event {
-                    Ok(e) if e.kind.is_access() => return,
-                    Ok(e) if e.need_rescan() || e.paths.is_empty() => None,
-                    Ok(e) => Some(e.paths),
+                    Ok(e) if e.need_rescan() || e.paths.is_empty() => Raw::Rescan,
+                    Ok(e) => match e.kind {
+                        EventKind::Access(AccessKind::Close(AccessMode::Write)) => {
+                            Raw::Closed(e.paths)
+                        }
+                        EventKind::Access(_) => return,
+                        EventKind::Modify(ModifyKind::Data(_)) => Raw::Written(e.paths),
+                        _ => Raw::Changed(e.paths),
+                    },
                     // An error (e.g. an inotify queue overflow) rescans: it is always safe.
-                    Err(_) => None,
+                    Err(_) => Raw::Rescan,
                 };
                 let _ = tx.send(raw);
             })?;
@@ -79,25 +132,57 @@ impl DirWatcher {
             _watcher: watcher,
             root: dir.to_owned(),
             rx,
+            batch: None,
         })
     }
 
     /// Waits for the next batch of changes: returns [`SETTLE`] after the first change of the
     /// batch, with every change that came in by then, so a directory that keeps changing is
-    /// still re-read at least that often. `None` when the watcher stopped.
+    /// still re-read at least that often; but while a file written in the batch is still open
+    /// for writing, it waits for it to be closed, for up to [`WRITE_WAIT`] from the first
+    /// change. `None` when the watcher stopped. Cancellation-safe: a call dropped part-way
+    /// leaves its batch to the next one.
     pub async fn changed(&mut self) -> Option<Changes> {
-        let first = self.rx.recv().await?;
-        tokio::time::sleep(SETTLE).await;
-        let mut changes = Changes::default();
-        let mut next = Some(first);
-        while let Some(raw) = next {
-            match raw {
-                Some(paths) => changes.add(&self.root, &paths),
-                None => changes.rescan = true,
+        let started = match &self.batch {
+            Some((started, _)) => *started,
+            None => {
+                let first = self.rx.recv().await?;
+                let mut batch = Batch::default();
+                batch.file(&self.root, first);
+                let started = Instant::now();
+                self.batch = Some((started, batch));
+                started
             }
-            next = self.rx.try_recv().ok();
+        };
+        tokio::time::sleep_until(started + SETTLE).await;
+        self.drain();
+        while self
+            .batch
+            .as_ref()
+            .is_some_and(|(_, b)| !b.writing.is_empty())
+        {
+            match tokio::time::timeout_at(started + WRITE_WAIT, self.rx.recv()).await {
+                Ok(Some(raw)) => {
+                    if let Some((_, batch)) = self.batch.as_mut() {
+                        batch.file(&self.root, raw);
+                    }
+                }
+                Ok(None) => return None,
+                // Still open for writing: read as it is.
+                Err(_) => break,
+            }
+            self.drain();
         }
-        Some(changes)
+        self.batch.take().map(|(_, b)| b.changes)
+    }
+
+    /// Files every change already received into the batch.
+    fn drain(&mut self) {
+        if let Some((_, batch)) = self.batch.as_mut() {
+            while let Ok(raw) = self.rx.try_recv() {
+                batch.file(&self.root, raw);
+            }
+        }
     }
 }
 
@@ -141,5 +226,34 @@ mod tests {
             seen.extend(changes.paths);
         }
         assert!(!seen.contains(Path::new("a.yaml")), "{seen:?}");
+    }
+
+    /// `generator > a.yaml`: the file is truncated and stays open for writing while the
+    /// generator runs. No batch names it before the writer closes it; then one does, with
+    /// b.yaml, written meanwhile, although the call that began the batch was dropped.
+    #[tokio::test]
+    async fn a_file_open_for_writing_is_handed_out_once_it_is_closed() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("a.yaml");
+        std::fs::write(&path, "old").expect("write");
+        let mut watcher = DirWatcher::new(dir.path()).expect("watch");
+        std::fs::write(dir.path().join("b.yaml"), "b").expect("write");
+        let mut writer = std::fs::File::create(&path).expect("truncate");
+        writer.write_all(b"half").expect("write");
+        let early = tokio::time::timeout(Duration::from_millis(400), watcher.changed()).await;
+        assert!(early.is_err(), "a batch while a.yaml was open: {early:?}");
+        writer.write_all(b" and the rest").expect("write");
+        drop(writer);
+        let changes = tokio::time::timeout(Duration::from_secs(30), watcher.changed())
+            .await
+            .expect("a batch once closed")
+            .expect("watching");
+        assert!(changes.paths.contains(Path::new("a.yaml")), "{changes:?}");
+        assert!(changes.paths.contains(Path::new("b.yaml")), "{changes:?}");
+        assert_eq!(
+            std::fs::read_to_string(&path).expect("read"),
+            "half and the rest"
+        );
     }
 }
