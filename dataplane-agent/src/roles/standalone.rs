@@ -57,6 +57,15 @@ pub struct Standalone {
 /// kernel is touched; later failures keep the last good state. The dataplane stays in place
 /// afterwards.
 pub async fn run(settings: Standalone, loader: &LoaderConfig) -> Result<(), StandaloneError> {
+    // Watching starts before the first read: an edit made while the programs load (seconds)
+    // is in the first batch, not lost.
+    let mut watcher = match DirWatcher::new(&settings.dir) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            error!(dir = %settings.dir.display(), error = %e, "cannot watch the clusterset directory; changes need a restart");
+            None
+        }
+    };
     // From the ClusterSet CIDRs at start; a CIDR change in clusterset.yaml needs a restart.
     // The merge imports only the endpoints it allows (the others are reported on their
     // exports), and the node checks again what it is given.
@@ -69,13 +78,6 @@ pub async fn run(settings: Standalone, loader: &LoaderConfig) -> Result<(), Stan
     if let Some(logger) = node.take_logger() {
         tokio::spawn(node::pump_bpf_logs(logger));
     }
-    let mut watcher = match DirWatcher::new(&settings.dir) {
-        Ok(w) => Some(w),
-        Err(e) => {
-            error!(dir = %settings.dir.display(), error = %e, "cannot watch the clusterset directory; changes need a restart");
-            None
-        }
-    };
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     node.apply([first]);
