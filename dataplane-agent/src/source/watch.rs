@@ -4,6 +4,7 @@
 
 use std::{
     collections::BTreeSet,
+    os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -13,6 +14,7 @@ use notify::{
     event::{AccessKind, AccessMode, ModifyKind},
 };
 use tokio::{sync::mpsc, time::Instant};
+use tracing::warn;
 
 /// How long to wait after a change for more changes before re-reading, so an editor's
 /// write-rename-chmod sequence or a `cp -r` produces one re-sync.
@@ -23,6 +25,18 @@ pub const SETTLE: Duration = Duration::from_millis(25);
 /// closes it, and reading it then would delete or shrink its services. A writer that keeps
 /// a file open longer has it read anyway.
 pub const WRITE_WAIT: Duration = Duration::from_secs(5);
+
+/// How often the directory at the root is checked to be the one watched: a symlink swapped
+/// or a directory renamed over it changes nothing that inotify sees.
+const ROOT_POLL: Duration = Duration::from_secs(1);
+
+/// A directory's identity (device, inode): what inotify watches is the inode, not the path.
+fn identity(dir: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(dir)
+        .ok()
+        .filter(|m| m.is_dir())
+        .map(|m| (m.dev(), m.ino()))
+}
 
 /// One batch of changes under the watched directory.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -98,8 +112,10 @@ impl Batch {
 
 /// Delivers [`Changes`] after changes under a directory settle.
 pub struct DirWatcher {
-    _watcher: notify::RecommendedWatcher,
+    watcher: notify::RecommendedWatcher,
     root: PathBuf,
+    /// The identity of the directory watched at `root`; `None` while there is none.
+    watching: Option<(u64, u64)>,
     rx: mpsc::UnboundedReceiver<Raw>,
     /// The batch being gathered and when its first change came: kept here, so that a call of
     /// [`changed`](Self::changed) dropped in a `select!` loses nothing.
@@ -107,32 +123,63 @@ pub struct DirWatcher {
 }
 
 impl DirWatcher {
-    /// Watches `dir` and everything below it.
+    /// Watches `dir` and everything below it: the directory at that path, even when it is
+    /// replaced (`mv new dir`, `rm -r dir && mkdir dir`, a symlink swapped) or missing for a
+    /// while (checked every [`ROOT_POLL`]); each time the directory there is another (or
+    /// gone), a batch asks to read everything again.
     pub fn new(dir: &Path) -> notify::Result<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let mut watcher =
-            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                let raw = match event {
-                    Ok(e) if e.need_rescan() || e.paths.is_empty() => Raw::Rescan,
-                    Ok(e) => match e.kind {
-                        EventKind::Access(AccessKind::Close(AccessMode::Write)) => {
-                            Raw::Closed(e.paths)
-                        }
-                        EventKind::Access(_) => return,
-                        EventKind::Modify(ModifyKind::Data(_)) => Raw::Written(e.paths),
-                        _ => Raw::Changed(e.paths),
-                    },
-                    // An error (e.g. an inotify queue overflow) rescans: it is always safe.
-                    Err(_) => Raw::Rescan,
-                };
-                let _ = tx.send(raw);
-            })?;
-        watcher.watch(dir, RecursiveMode::Recursive)?;
-        Ok(DirWatcher {
-            _watcher: watcher,
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            let raw = match event {
+                Ok(e) if e.need_rescan() || e.paths.is_empty() => Raw::Rescan,
+                Ok(e) => match e.kind {
+                    EventKind::Access(AccessKind::Close(AccessMode::Write)) => Raw::Closed(e.paths),
+                    EventKind::Access(_) => return,
+                    EventKind::Modify(ModifyKind::Data(_)) => Raw::Written(e.paths),
+                    _ => Raw::Changed(e.paths),
+                },
+                // An error (e.g. an inotify queue overflow) rescans: it is always safe.
+                Err(_) => Raw::Rescan,
+            };
+            let _ = tx.send(raw);
+        })?;
+        let mut out = DirWatcher {
+            watcher,
             root: dir.to_owned(),
+            watching: None,
             rx,
             batch: None,
+        };
+        out.rewatch(false)?;
+        Ok(out)
+    }
+
+    /// Watches the directory at the root again when it is not the one watched (replaced,
+    /// re-created, or gone), or whatever it is with `force` (an event on the root itself: a
+    /// directory removed and made again may get the same inode number back). Whether the
+    /// directory there changed.
+    fn rewatch(&mut self, force: bool) -> notify::Result<bool> {
+        let now = identity(&self.root);
+        if now == self.watching && !force {
+            return Ok(false);
+        }
+        let was = self.watching.take();
+        if was.is_some() {
+            // Gone with its inode, mostly; an error says only that.
+            let _ = self.watcher.unwatch(&self.root);
+        }
+        if now.is_some() {
+            self.watcher.watch(&self.root, RecursiveMode::Recursive)?;
+            self.watching = now;
+        }
+        Ok(now != was)
+    }
+
+    /// [`rewatch`](Self::rewatch), an error logged (the next check tries again).
+    fn rewatch_logged(&mut self, force: bool) -> bool {
+        self.rewatch(force).unwrap_or_else(|e| {
+            warn!(dir = %self.root.display(), error = %e, "cannot watch the directory again");
+            false
         })
     }
 
@@ -143,16 +190,24 @@ impl DirWatcher {
     /// change. `None` when the watcher stopped. Cancellation-safe: a call dropped part-way
     /// leaves its batch to the next one.
     pub async fn changed(&mut self) -> Option<Changes> {
-        let started = match &self.batch {
-            Some((started, _)) => *started,
-            None => {
-                let first = self.rx.recv().await?;
-                let mut batch = Batch::default();
-                batch.file(&self.root, first);
-                let started = Instant::now();
-                self.batch = Some((started, batch));
-                started
+        let started = loop {
+            if let Some((started, _)) = &self.batch {
+                break *started;
             }
+            let first = tokio::select! {
+                raw = self.rx.recv() => raw?,
+                () = tokio::time::sleep(ROOT_POLL) => {
+                    if self.rewatch_logged(false) {
+                        return Some(Changes::rescan());
+                    }
+                    continue;
+                }
+            };
+            let mut batch = Batch::default();
+            batch.file(&self.root, first);
+            let started = Instant::now();
+            self.batch = Some((started, batch));
+            break started;
         };
         tokio::time::sleep_until(started + SETTLE).await;
         self.drain();
@@ -173,7 +228,13 @@ impl DirWatcher {
             }
             self.drain();
         }
-        self.batch.take().map(|(_, b)| b.changes)
+        let changes = self.batch.take().map(|(_, b)| b.changes)?;
+        if changes.rescan {
+            // The directory itself changed: it may be another one now, or the same inode
+            // number made again.
+            self.rewatch_logged(true);
+        }
+        Some(changes)
     }
 
     /// Files every change already received into the batch.
@@ -226,6 +287,74 @@ mod tests {
             seen.extend(changes.paths);
         }
         assert!(!seen.contains(Path::new("a.yaml")), "{seen:?}");
+    }
+
+    /// The next batch, within a bound that only keeps a broken watcher from hanging a test.
+    async fn next(watcher: &mut DirWatcher) -> Changes {
+        tokio::time::timeout(Duration::from_secs(30), watcher.changed())
+            .await
+            .expect("a batch within 30 s")
+            .expect("watching")
+    }
+
+    /// Batches until one names `file` (or rescans), after writing it.
+    async fn sees(watcher: &mut DirWatcher, dir: &Path, file: &str) {
+        std::fs::write(dir.join(file), "x").expect("write");
+        loop {
+            let c = next(watcher).await;
+            if c.rescan || c.paths.contains(Path::new(file)) {
+                return;
+            }
+        }
+    }
+
+    /// The directory is replaced (`rm -r dir && mkdir dir`, then `mv new dir`), or is a symlink
+    /// swapped to another directory: each time a batch rescans, and changes in the directory
+    /// now there are still seen.
+    #[tokio::test]
+    async fn a_replaced_directory_is_watched_again() {
+        let base = tempfile::tempdir().expect("tempdir");
+        let dir = base.path().join("node");
+        std::fs::create_dir(&dir).expect("mkdir");
+        let mut watcher = DirWatcher::new(&dir).expect("watch");
+        std::fs::remove_dir(&dir).expect("rmdir");
+        std::fs::create_dir(&dir).expect("mkdir again");
+        assert!(next(&mut watcher).await.rescan);
+        sees(&mut watcher, &dir, "a.yaml").await;
+
+        let staged = base.path().join("node.new");
+        std::fs::create_dir(&staged).expect("mkdir");
+        std::fs::remove_dir_all(&dir).expect("rm -r");
+        std::fs::rename(&staged, &dir).expect("swap in");
+        assert!(next(&mut watcher).await.rescan);
+        sees(&mut watcher, &dir, "b.yaml").await;
+
+        // A symlink to one directory, swapped (renamed over) to another: no event at all.
+        let (one, two, link) = (
+            base.path().join("one"),
+            base.path().join("two"),
+            base.path().join("link"),
+        );
+        std::fs::create_dir(&one).expect("mkdir");
+        std::fs::create_dir(&two).expect("mkdir");
+        std::os::unix::fs::symlink(&one, &link).expect("symlink");
+        let mut watcher = DirWatcher::new(&link).expect("watch");
+        let swap = base.path().join("link.new");
+        std::os::unix::fs::symlink(&two, &swap).expect("symlink");
+        std::fs::rename(&swap, &link).expect("swap the link");
+        assert!(next(&mut watcher).await.rescan);
+        sees(&mut watcher, &two, "c.yaml").await;
+    }
+
+    /// A directory missing at start is watched once it is created.
+    #[tokio::test]
+    async fn a_directory_missing_at_start_is_watched_once_created() {
+        let base = tempfile::tempdir().expect("tempdir");
+        let dir = base.path().join("later");
+        let mut watcher = DirWatcher::new(&dir).expect("a watcher");
+        std::fs::create_dir(&dir).expect("mkdir");
+        assert!(next(&mut watcher).await.rescan);
+        sees(&mut watcher, &dir, "a.yaml").await;
     }
 
     /// `generator > a.yaml`: the file is truncated and stays open for writing while the
