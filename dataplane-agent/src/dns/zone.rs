@@ -634,7 +634,13 @@ impl Zone {
             None
         } else {
             match name.parse_arpa_name() {
-                Ok(net) if net.prefix_len() == net.max_prefix_len() => Some(net.addr()),
+                // Only an address's own reverse name: hickory also parses `010` or `+10`.
+                Ok(net)
+                    if net.prefix_len() == net.max_prefix_len()
+                        && LowerName::from(Name::from(net.addr())) == *name =>
+                {
+                    Some(net.addr())
+                }
                 // Not clusterset.local and not one address's reverse name: not ours.
                 _ => return Answer::code(ResponseCode::Refused),
             }
@@ -685,7 +691,8 @@ impl Zone {
     fn lookup(&self, name: &LowerName, rtype: RecordType, out: &mut Answer) -> bool {
         // Labels nearest first: [..., <svc>, <ns>, svc, clusterset, local].
         let mut labels: [&[u8]; 8] = [&[]; 8];
-        let n = usize::from(name.num_labels());
+        // Every label: `num_labels` leaves out a leading `*`, which `iter` and `trim_to` count.
+        let n = name.iter().count();
         if n > labels.len() {
             return false;
         }

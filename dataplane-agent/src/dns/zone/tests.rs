@@ -645,3 +645,38 @@ fn records_do_not_depend_on_input_order() {
         }
     }
 }
+
+/// A leading `*` is a label like any other: `*.clusterset.local` is not the apex, and `*.F`
+/// is not F (it names nothing).
+#[test]
+fn a_leading_star_is_a_label() {
+    let zone = zone_of(&[web()]);
+    assert_eq!(
+        ask(&zone, "*.clusterset.local.", RecordType::SOA).0,
+        ResponseCode::NXDomain
+    );
+    assert_eq!(
+        ask(&zone, &format!("*.{WEB}"), RecordType::A),
+        (ResponseCode::NXDomain, vec![])
+    );
+}
+
+/// Only an address's own reverse name gets its PTR: hickory also parses `010` as an octet,
+/// a name that does not exist.
+#[test]
+fn only_canonical_reverse_names_are_answered() {
+    let zone = zone_of(&[web()]);
+    assert_eq!(
+        ask(&zone, "10.0.0.241.in-addr.arpa.", RecordType::PTR)
+            .1
+            .len(),
+        1
+    );
+    for q in ["010.0.0.241.in-addr.arpa.", "10.00.0.241.in-addr.arpa."] {
+        assert_eq!(
+            ask(&zone, q, RecordType::PTR).0,
+            ResponseCode::Refused,
+            "{q}"
+        );
+    }
+}
