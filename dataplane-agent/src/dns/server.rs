@@ -131,21 +131,16 @@ pub struct DnsServer {
 /// `0.0.0.0:PORT`, and a dual-stack listen list (`0.0.0.0:5353` and `[::]:5353`) would fail.
 fn bound(addr: SocketAddr, kind: socket2::Type) -> std::io::Result<socket2::Socket> {
     use socket2::{Domain, Protocol, Socket, Type};
-    let protocol = if kind == Type::STREAM {
-        Protocol::TCP
-    } else {
-        Protocol::UDP
-    };
+    let stream = kind == Type::STREAM;
+    let protocol = if stream { Protocol::TCP } else { Protocol::UDP };
     let socket = Socket::new(Domain::for_address(addr), kind, Some(protocol))?;
     if addr.is_ipv6() {
         socket.set_only_v6(true)?;
     }
-    if kind == Type::STREAM {
-        // As std's TcpListener::bind does: a restarted agent rebinds despite TIME_WAIT.
-        socket.set_reuse_address(true)?;
-    }
+    // As std's TcpListener::bind does: a restarted agent rebinds despite TIME_WAIT.
+    socket.set_reuse_address(stream)?;
     socket.bind(&addr.into())?;
-    if kind == Type::STREAM {
+    if stream {
         socket.listen(1024)?;
     }
     socket.set_nonblocking(true)?;

@@ -64,7 +64,8 @@ pub async fn guard(
             }
             continue;
         }
-        // Just acquired (or renewed): the manager wrote the Lease a moment ago.
+        // On acquiring it the manager has just written the Lease: a deadline from now until
+        // the Lease is read.
         let now = Timestamp::now();
         let deadline_now = deadline.get_or_insert_with(|| terms.deadline(now));
         match leases.get_opt(&terms.name).await {

@@ -180,6 +180,17 @@ pub mod v1alpha1 {
 pub const CRD_HEADER: &str =
     "# Generated from dataplane-core's model by `cargo xtask manifests`; do not edit.\n";
 
+/// The schema of a CRD version's objects.
+fn root_schema(
+    version: &mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinitionVersion,
+) -> Option<&mut k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::JSONSchemaProps>
+{
+    version
+        .schema
+        .as_mut()
+        .and_then(|s| s.open_api_v3_schema.as_mut())
+}
+
 /// The CRDs of both kinds, serving v1alpha1 and v1beta1 and storing v1beta1.
 pub fn crds() -> Result<
     Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>,
@@ -201,10 +212,7 @@ pub fn crds() -> Result<
     )?;
     // `spec` is optional on a ServiceExport; defaulting it lets every reader rely on it.
     for version in &mut export.spec.versions {
-        if let Some(spec) = version
-            .schema
-            .as_mut()
-            .and_then(|s| s.open_api_v3_schema.as_mut())
+        if let Some(spec) = root_schema(version)
             .and_then(|s| s.properties.as_mut())
             .and_then(|p| p.get_mut("spec"))
         {
@@ -214,12 +222,7 @@ pub fn crds() -> Result<
                 ),
             );
         }
-        if let Some(required) = version
-            .schema
-            .as_mut()
-            .and_then(|s| s.open_api_v3_schema.as_mut())
-            .and_then(|s| s.required.as_mut())
-        {
+        if let Some(required) = root_schema(version).and_then(|s| s.required.as_mut()) {
             required.retain(|r| r != "spec");
         }
     }
@@ -234,10 +237,7 @@ pub fn crds() -> Result<
         ),
     ] {
         for version in &mut crd.spec.versions {
-            let Some(status) = version
-                .schema
-                .as_mut()
-                .and_then(|s| s.open_api_v3_schema.as_mut())
+            let Some(status) = root_schema(version)
                 .and_then(|s| s.properties.as_mut())
                 .and_then(|p| p.get_mut("status"))
                 .and_then(|s| s.properties.as_mut())
