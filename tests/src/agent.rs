@@ -166,3 +166,21 @@ pub fn frontend<'a>(
         .iter()
         .find(|f| f.ip == ip && f.port == port && f.protocol == protocol)
 }
+
+/// A node directory's YAML for one service: `name` (namespace `demo`) at `vip`:80 over TCP,
+/// served by cluster a's hosts `10.99.1.<h>` for `h` in `hosts`, on port 8080.
+pub fn one_service_yaml(name: &str, vip: &str, hosts: &[u8]) -> String {
+    let endpoints: Vec<String> = hosts
+        .iter()
+        .map(|h| format!("{{addresses: [10.99.1.{h}]}}"))
+        .collect();
+    format!(
+        "apiVersion: multicluster.x-k8s.io/v1beta1\nkind: ServiceImport\n\
+         metadata: {{name: {name}, namespace: demo}}\n\
+         spec: {{type: ClusterSetIP, ips: [{vip}], ipFamilies: [IPv4], ports: [{{name: http, protocol: TCP, port: 80}}]}}\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: {name}-a-ipv4, namespace: demo, labels: {{multicluster.kubernetes.io/service-name: {name}, multicluster.kubernetes.io/source-cluster: a}}}}\n\
+         addressType: IPv4\nports: [{{name: http, protocol: TCP, port: 8080}}]\nendpoints: [{}]\n",
+        endpoints.join(", ")
+    )
+}

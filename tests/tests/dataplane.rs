@@ -13,7 +13,7 @@ use std::{
 use aya::maps::{Array, Map, MapData};
 use dataplane_ebpf::{ConnRevNat, map_names};
 use tests::{
-    agent::{Agent, frontend, inspect},
+    agent::{Agent, frontend, inspect, one_service_yaml},
     netns::Topology,
     probe::{self, Attempt, by_backend, by_cluster},
     require_root,
@@ -211,14 +211,7 @@ fn undeclared_ports_and_empty_frontends_are_refused() {
 
 /// One service, `name` at `vip`:80, served by a's host 10 on 8080.
 fn one_service(name: &str, vip: &str) -> String {
-    format!(
-        "apiVersion: multicluster.x-k8s.io/v1beta1\nkind: ServiceImport\n\
-         metadata: {{name: {name}, namespace: demo}}\n\
-         spec: {{type: ClusterSetIP, ips: [{vip}], ipFamilies: [IPv4], ports: [{{name: http, protocol: TCP, port: 80}}]}}\n\
-         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
-         metadata: {{name: {name}-a-ipv4, namespace: demo, labels: {{multicluster.kubernetes.io/service-name: {name}, multicluster.kubernetes.io/source-cluster: a}}}}\n\
-         addressType: IPv4\nports: [{{name: http, protocol: TCP, port: 8080}}]\nendpoints: [{{addresses: [10.99.1.10]}}]\n"
-    )
+    one_service_yaml(name, vip, &[10])
 }
 
 /// The CPUs this thread may run on.

@@ -38,6 +38,7 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
+use super::retry::{RetrySchedule, sleep_until};
 use crate::{
     sink::kube::{KubeSink, Written},
     source::kube::{AbortOnDrop, ControllerEvent, LocalWatch, MemberWatch, ObservedChange},
@@ -70,7 +71,6 @@ pub struct ControllerSettings {
     pub policy: AddressPolicy,
 }
 
-const MAX_RETRY: Duration = Duration::from_secs(60);
 /// Services whose writes are built at once ([`Controller::reconcile`]).
 const SERVICES_PER_WRITE_CHUNK: usize = 256;
 
@@ -452,12 +452,12 @@ pub async fn run(
         refused: HashMap::new(),
     };
     let started = Instant::now();
-    let mut retry: Option<(Instant, Duration)> = None;
+    let mut retry = RetrySchedule::default();
     let mut waiting_logged = false;
     let mut filed_during_pass = false;
     info!(local = %settings.local, members = watches.len(), "controller started");
     loop {
-        let deadline = next_deadline(&watches, &settings, started, retry.map(|r| r.0));
+        let deadline = next_deadline(&watches, &settings, started, retry.deadline());
         if std::mem::take(&mut filed_during_pass) {
             // No wait for an event, but a turn for the runtime's other tasks: under steady
             // churn this loop would otherwise run pass after pass without yielding.
@@ -484,7 +484,7 @@ pub async fn run(
             continue;
         };
         ctl.set_withdrawn(withdrawn, &watches);
-        let retrying = retry.is_some_and(|(at, _)| Instant::now() >= at);
+        let retrying = retry.is_due(Instant::now());
         if retrying {
             let due = std::mem::take(&mut ctl.failed);
             ctl.to_compare.extend(due);
@@ -523,27 +523,9 @@ pub async fn run(
                 "reconciled"
             );
         }
-        // The failed writes are retried after 1 s, then after twice as long each time they
-        // fail again (up to MAX_RETRY); a pass of other services leaves that schedule alone.
-        retry = match retry {
-            _ if ctl.failed.is_empty() => None,
-            None => Some((
-                Instant::now() + Duration::from_secs(1),
-                Duration::from_secs(1),
-            )),
-            Some((_, backoff)) if retrying => {
-                let backoff = (backoff * 2).min(MAX_RETRY);
-                Some((Instant::now() + backoff, backoff))
-            }
-            kept => kept,
-        };
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
+        // The failed writes are retried on their own schedule (`retry`): a pass of other
+        // services leaves it alone.
+        retry.after_pass(!ctl.failed.is_empty(), retrying, Instant::now());
     }
 }
 

@@ -4,12 +4,14 @@
 //! - [`node`]: every node's dataplane, fed by the input feed (`source::feed`);
 //! - [`standalone`]: merge a ClusterSet directory and program this host, no API server;
 //! - [`controller`]: the lease-elected merge and writer of a Kubernetes cluster;
-//! - [`kube`]: Kubernetes mode, running the node role and/or the controller.
+//! - [`kube`]: Kubernetes mode, running the node role and/or the controller;
+//! - [`retry`]: when the writing roles try failed writes again.
 
 pub mod controller;
 pub mod kube;
 pub mod lease_guard;
 pub mod node;
+pub mod retry;
 pub mod standalone;
 
 /// Resolves on SIGTERM or SIGINT.

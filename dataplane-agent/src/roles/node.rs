@@ -16,7 +16,10 @@ use std::{collections::BTreeSet, path::PathBuf, sync::Arc, time::Instant};
 
 use tracing::{debug, error, info, warn};
 
-use super::shutdown_signal;
+use super::{
+    retry::{RetrySchedule, sleep_until},
+    shutdown_signal,
+};
 use crate::{
     bpf::{
         desired::DesiredService,
@@ -60,7 +63,8 @@ pub struct Node {
     lb: LbState,
     /// Whether the first (full) sync has run.
     synced: bool,
-    /// Services whose last write was refused (a full map): tried again with the next change.
+    /// Services whose last write failed (a full map, a kernel error): tried again with the
+    /// next change, and on their own schedule ([`run_with`]) when none comes.
     retry: BTreeSet<NamespacedName>,
     /// The `clusterset.local` zone, when this node serves DNS: updated with the maps.
     dns: Option<DnsZone>,
@@ -239,6 +243,12 @@ impl Node {
         Some(report)
     }
 
+    /// Whether some services' last write failed: [`Node::apply`] with no changes tries them
+    /// again.
+    pub fn has_failed_writes(&self) -> bool {
+        !self.retry.is_empty()
+    }
+
     /// The lb table's warnings about the node's inputs (bad imports and slices it skipped).
     pub fn lb_warnings(&self) -> &[LbWarning] {
         &self.lb.table().warnings
@@ -301,7 +311,9 @@ pub enum Ended {
 }
 
 /// Runs the node role until `shutdown` resolves or the input source stops, syncing after
-/// every batch of changes. The dataplane stays in place afterwards.
+/// every batch of changes, and trying failed writes again on a [`RetrySchedule`] (a kernel
+/// error such as ENOMEM on an update would otherwise wait for a change that may never come).
+/// The dataplane stays in place afterwards.
 pub async fn run(
     node: Node,
     changes: ChangeReceiver,
@@ -324,7 +336,9 @@ pub async fn run_with(
     tokio::pin!(shutdown);
     info!("waiting for the initial ServiceImports and EndpointSlices before syncing");
     let mut batch = Vec::new();
+    let mut retry = RetrySchedule::default();
     loop {
+        let retried;
         tokio::select! {
             received = changes.recv_many(&mut batch, 4096) => {
                 if received == 0 {
@@ -339,11 +353,24 @@ pub async fn run_with(
                 if let Some(report) = node.apply(batch.drain(..)) {
                     on_sync(&node, &report, started.elapsed());
                 }
+                retried = false;
+            }
+            () = sleep_until(retry.deadline()) => {
+                let started = Instant::now();
+                if let Some(report) = node.apply(std::iter::empty()) {
+                    on_sync(&node, &report, started.elapsed());
+                }
+                retried = true;
             }
             () = &mut shutdown => {
                 info!("shutting down; the dataplane stays in place");
                 return Ended::Shutdown;
             }
         }
+        retry.after_pass(
+            node.has_failed_writes(),
+            retried,
+            tokio::time::Instant::now(),
+        );
     }
 }

@@ -16,6 +16,7 @@ use tracing::{error, info, warn};
 
 use super::{
     node::{self, Node, NodeError},
+    retry::{RetrySchedule, sleep_until},
     shutdown_signal,
 };
 use crate::{
@@ -83,7 +84,11 @@ pub async fn run(settings: Standalone, loader: &LoaderConfig) -> Result<(), Stan
     node.apply([first]);
     let mut report = Report::new(settings.report.clone());
     report.write(&merge, &node);
+    // Failed map writes are tried again on their own schedule, as in the node role.
+    let mut retry = RetrySchedule::default();
+    retry.after_pass(node.has_failed_writes(), false, Instant::now());
     loop {
+        let mut retried = false;
         let changed = async {
             match watcher.as_mut() {
                 Some(w) => w.changed().await,
@@ -111,11 +116,16 @@ pub async fn run(settings: Standalone, loader: &LoaderConfig) -> Result<(), Stan
                 }
             }
             () = tokio::time::sleep_until(due), if report.pending => report.write(&merge, &node),
+            () = sleep_until(retry.deadline()) => {
+                node.apply(std::iter::empty());
+                retried = true;
+            }
             () = &mut shutdown => {
                 info!("shutting down; the dataplane stays in place");
                 return Ok(());
             }
         }
+        retry.after_pass(node.has_failed_writes(), retried, Instant::now());
     }
 }
 
