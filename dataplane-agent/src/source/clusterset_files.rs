@@ -106,8 +106,8 @@ struct ClusterFiles {
 }
 
 impl ClusterFiles {
-    /// Reads one file and files what it defines now; the number of documents converted.
-    fn read(&mut self, file: FileName, names: &Interner, pending: &mut Pending) -> usize {
+    /// Reads one file and files what it defines now.
+    fn read(&mut self, file: FileName, names: &Interner, pending: &mut Pending) {
         let has_good = self.files.get(&file).is_some_and(|f| f.parsed);
         let reading = reread(&file, has_good, |document, m| {
             MemberObject::of(m, names, &file, document)
@@ -115,13 +115,13 @@ impl ClusterFiles {
         let objects = match reading.objects {
             Reread::Forget => {
                 self.forget(&file, pending);
-                return 0;
+                return;
             }
             Reread::Keep => {
                 let state = self.files.entry(file).or_default();
                 state.errors = reading.errors;
                 state.symlink = reading.symlink;
-                return 0;
+                return;
             }
             Reread::Replace(objects) => objects,
         };
@@ -133,7 +133,6 @@ impl ClusterFiles {
                 symlink: reading.symlink,
             },
         );
-        let converted = objects.len();
         let (mut services, mut exports, mut slices, mut imports) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (document, object) in objects {
@@ -159,7 +158,6 @@ impl ClusterFiles {
         self.services.warn_duplicates(&file, "Service");
         self.exports.warn_duplicates(&file, "ServiceExport");
         self.slices.warn_duplicates(&file, "EndpointSlice");
-        converted
     }
 
     fn forget(&mut self, file: &FileName, pending: &mut Pending) {
@@ -175,7 +173,7 @@ impl ClusterFiles {
     }
 
     /// Reads every file listed, and forgets the ones no longer listed.
-    fn rescan(&mut self, listed: Vec<PathBuf>, names: &Interner) -> usize {
+    fn rescan(&mut self, listed: Vec<PathBuf>, names: &Interner) {
         let listed: Vec<FileName> = listed.into_iter().map(Arc::from).collect();
         let mut pending = Pending::default();
         let gone: Vec<FileName> = self
@@ -187,10 +185,9 @@ impl ClusterFiles {
         for file in gone {
             self.forget(&file, &mut pending);
         }
-        listed
-            .into_iter()
-            .map(|file| self.read(file, names, &mut pending))
-            .sum()
+        for file in listed {
+            self.read(file, names, &mut pending);
+        }
     }
 
     /// The member changes of an update, deletions first.
@@ -236,9 +233,8 @@ pub struct ClusterSetFiles {
     dir: PathBuf,
     config: ClusterSetConfig,
     clusters: BTreeMap<ClusterId, ClusterFiles>,
+    /// Purged after a reload, and by itself as names come and go.
     names: Interner,
-    /// Documents converted since the interner was last purged.
-    decoded: usize,
 }
 
 impl ClusterSetFiles {
@@ -249,7 +245,6 @@ impl ClusterSetFiles {
             config: ClusterSetConfig::default(),
             clusters: BTreeMap::new(),
             names: Interner::new(),
-            decoded: 0,
         };
         files.reload()?;
         Ok(files)
@@ -275,11 +270,10 @@ impl ClusterSetFiles {
                     path,
                     ..Default::default()
                 });
-            self.decoded += c.rescan(files, &self.names);
+            c.rescan(files, &self.names);
             self.clusters.insert(cluster, c);
         }
         self.names.purge();
-        self.decoded = 0;
         Ok(())
     }
 
@@ -345,13 +339,9 @@ impl ClusterSetFiles {
             let mut pending = Pending::default();
             for file in files {
                 out.read.push(file.to_path_buf());
-                self.decoded += c.read(file, &self.names, &mut pending);
+                c.read(file, &self.names, &mut pending);
             }
             out.changes.extend(c.changes(&id, pending));
-        }
-        if self.decoded > self.names.len() {
-            self.names.purge();
-            self.decoded = 0;
         }
         out
     }

@@ -130,9 +130,8 @@ struct Pending {
 /// A node directory, kept file by file.
 pub struct NodeDir {
     dir: PathBuf,
+    /// Purged after a load, and by itself as names come and go.
     names: Interner,
-    /// Documents converted since the interner was last purged.
-    decoded: usize,
     /// The YAML files read, and whether each is a symlink.
     files: BTreeMap<FileName, bool>,
     imports: FileObjects<ImportInput>,
@@ -145,7 +144,6 @@ impl NodeDir {
         let mut state = NodeDir {
             dir: dir.to_owned(),
             names: Interner::new(),
-            decoded: 0,
             files: BTreeMap::new(),
             imports: FileObjects::default(),
             slices: FileObjects::default(),
@@ -213,10 +211,6 @@ impl NodeDir {
                 self.read(file, &mut pending);
             }
         }
-        if self.decoded > self.names.len() {
-            self.names.purge();
-            self.decoded = 0;
-        }
         Update {
             changes: self.changes(pending),
             read,
@@ -269,7 +263,6 @@ impl NodeDir {
             }
             Reread::Replace(objects) => objects,
         };
-        self.decoded += objects.len();
         let mut imports = Vec::new();
         let mut slices = Vec::new();
         for (document, object) in objects {

@@ -172,11 +172,9 @@ pub struct MergeState {
     starved: BTreeSet<NamespacedName>,
     names: SliceNames,
     /// The imported slices' port lists and port names, one allocation per distinct list or
-    /// name (the clusters of a service, and most services, declare the same ports).
+    /// name (the clusters of a service, and most services, declare the same ports). Purged
+    /// after a full merge; between them, by itself once the new lists outnumber the kept.
     port_lists: Interner,
-    /// How many lists were in use at the last purge: the lists no slice holds any more are
-    /// dropped once there are twice as many, so updates pay for a purge only now and then.
-    port_lists_purged_at: usize,
     /// Duplicates found by the last [`MergeState::load`].
     load_diagnostics: Vec<Diagnostic>,
     /// Batches of this many services or more are merged on several threads.
@@ -202,7 +200,6 @@ impl MergeState {
             starved: BTreeSet::new(),
             names: SliceNames::default(),
             port_lists: Interner::new(),
-            port_lists_purged_at: 0,
             load_diagnostics: Vec::new(),
             parallel_from: batch::PARALLEL_FROM,
             threads: None,
@@ -229,7 +226,7 @@ impl MergeState {
             self.policy = policy;
             let existing = self.current_ips();
             self.merge_everything(&existing);
-            self.purge_port_lists(true);
+            self.port_lists.purge();
         }
     }
 
@@ -319,14 +316,14 @@ impl MergeState {
         self.load_diagnostics = diagnostics;
         let existing: HashMap<NamespacedName, Vec<IpAddr>> = sticky_ips(existing);
         self.merge_everything(&existing);
-        self.purge_port_lists(true);
+        self.port_lists.purge();
     }
 
     /// Merges every service again, keeping the ClusterSet IPs of `existing` (the importing
     /// cluster's current imports) while valid; the services the merge made anything of.
     pub fn merge_all(&mut self, existing: &[ImportRecord]) -> BTreeSet<NamespacedName> {
         self.merge_everything(&sticky_ips(existing));
-        self.purge_port_lists(true);
+        self.port_lists.purge();
         self.outputs.keys().cloned().collect()
     }
 
@@ -519,16 +516,10 @@ impl MergeState {
         }
         let (changed, merged_everything) = self.update_dirty(dirty);
         // After a full merge every list the old outputs held is free (they are gone now).
-        self.purge_port_lists(merged_everything);
-        changed
-    }
-
-    /// Drops the port lists no slice holds any more: `always`, or once they have doubled.
-    fn purge_port_lists(&mut self, always: bool) {
-        if always || self.port_lists.port_list_count() > 2 * self.port_lists_purged_at.max(32) {
+        if merged_everything {
             self.port_lists.purge();
-            self.port_lists_purged_at = self.port_lists.port_list_count();
         }
+        changed
     }
 
     /// [`Self::update`]: the services whose output changed, and whether it took a full merge.
@@ -664,7 +655,7 @@ impl MergeState {
         self.keep_unchanged_records(&replaced.outputs);
         // The records taken back hold the other state's port lists: this state's copies of
         // them may be left unused.
-        self.purge_port_lists(true);
+        self.port_lists.purge();
     }
 
     /// What the merge made of `service`, when it made anything.

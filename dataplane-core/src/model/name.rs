@@ -4,7 +4,10 @@
 
 use std::{
     collections::HashSet,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicUsize, Ordering},
+    },
 };
 
 use super::records::SlicePort;
@@ -17,8 +20,11 @@ pub type Name = Arc<str>;
 /// watcher, a directory reader) share one interner; it is safe to use from several threads.
 ///
 /// Names nothing else holds any more are dropped by [`Interner::purge`], which the sources
-/// call after a complete list, so the interner never grows beyond the names in use plus one
-/// list's worth of churn.
+/// call after a complete list, and which the interner runs itself once it has taken in more
+/// new entries than it kept at its last purge (at least [`Interner::PURGE_AFTER`]): a watch
+/// that runs for weeks without a re-list, over namespaces and services that come and go,
+/// holds at most about twice the names in use, and each purge is paid for by as many new
+/// entries.
 ///
 /// It also shares slices' port lists, which repeat across the clusters of a service and
 /// across services (`http`/80 is in most of them).
@@ -26,12 +32,28 @@ pub type Name = Arc<str>;
 pub struct Interner {
     names: Mutex<HashSet<Name>>,
     port_lists: Mutex<HashSet<Arc<[SlicePort]>>>,
+    /// Names and lists added since the last purge.
+    added: AtomicUsize,
+    /// Names and lists the last purge kept.
+    kept: AtomicUsize,
 }
 
 impl Interner {
+    /// The fewest new entries after which the interner purges itself.
+    pub const PURGE_AFTER: usize = 1024;
+
     /// An empty interner.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Counts a new entry, and purges once they outnumber what the last purge kept. Called
+    /// with no lock held.
+    fn added_one(&self) {
+        let added = self.added.fetch_add(1, Ordering::Relaxed) + 1;
+        if added > self.kept.load(Ordering::Relaxed).max(Self::PURGE_AFTER) {
+            self.purge();
+        }
     }
 
     /// The shared name for `text`.
@@ -42,6 +64,8 @@ impl Interner {
         }
         let name: Name = Arc::from(text);
         names.insert(Arc::clone(&name));
+        drop(names);
+        self.added_one();
         name
     }
 
@@ -56,6 +80,8 @@ impl Interner {
         }
         let list: Arc<[SlicePort]> = Arc::from(ports);
         lists.insert(Arc::clone(&list));
+        drop(lists);
+        self.added_one();
         list
     }
 
@@ -67,9 +93,12 @@ impl Interner {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         lists.retain(|l| Arc::strong_count(l) > 1);
+        let kept_lists = lists.len();
         drop(lists);
         let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
         names.retain(|n| Arc::strong_count(n) > 1);
+        self.kept.store(kept_lists + names.len(), Ordering::Relaxed);
+        self.added.store(0, Ordering::Relaxed);
     }
 
     /// How many names the interner holds.
@@ -109,6 +138,38 @@ mod tests {
         let _c = interner.intern("api");
         interner.purge();
         assert_eq!(interner.len(), 1, "only the held name stays");
+    }
+
+    /// Names that come and go without a complete list (a long watch) are dropped by the
+    /// interner itself: it holds the names in use and at most about as many again.
+    #[test]
+    fn churn_without_a_purge_call_keeps_the_interner_bounded() {
+        let interner = Interner::new();
+        let held: Vec<Name> = (0..3000)
+            .map(|i| interner.intern(&format!("kept-{i}")))
+            .collect();
+        let mut most = 0;
+        for i in 0..100_000 {
+            drop(interner.intern(&format!("gone-{i}")));
+            most = most.max(interner.len());
+        }
+        assert!(most <= 2 * held.len() + 2, "{most}");
+        assert!(held.iter().all(|n| Arc::ptr_eq(n, &interner.intern(n))));
+        // Lists count the same way.
+        let lists = Interner::new();
+        for port in 0..20_000u16 {
+            drop(lists.port_list(vec![SlicePort {
+                name: lists.intern("http"),
+                protocol: super::super::records::PortProtocol::Tcp,
+                port,
+                app_protocol: None,
+            }]));
+        }
+        assert!(
+            lists.port_list_count() <= Interner::PURGE_AFTER + 1,
+            "{}",
+            lists.port_list_count()
+        );
     }
 
     #[test]
