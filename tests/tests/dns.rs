@@ -570,6 +570,14 @@ async fn large_answers_truncate_over_udp_and_come_whole_over_tcp() {
         .unwrap();
     assert!(udp.truncated, "100 A records do not fit in one UDP reply");
     assert!(udp.answers.len() < 100);
+    // A client that offers 65,535 bytes still gets at most 1232 over UDP (no fragments).
+    let mut p = packet(0x0100, &[(&wire(name), 1, 1)], Some(0));
+    let payload = p.len() - 8;
+    p[payload..payload + 2].copy_from_slice(&u16::MAX.to_be_bytes());
+    let bytes = raw_udp(addr, &p).unwrap().expect("a reply");
+    let big = Message::from_vec(&bytes).unwrap();
+    assert!(bytes.len() <= 1232, "{} bytes", bytes.len());
+    assert!(big.metadata.truncation && big.answers.len() < 100);
     assert!(!tcp.truncated);
     assert_eq!(tcp.answers.len(), 100);
     let srv = query(

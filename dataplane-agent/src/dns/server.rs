@@ -41,6 +41,11 @@ pub enum DnsServerError {
     Thread(std::io::Error),
 }
 
+/// The largest UDP reply, whatever the client offers: 1232 bytes fit an IPv6 packet on any
+/// link without fragments (DNS Flag Day 2020), which are lost or spoofable on many paths; a
+/// larger answer is truncated and the client asks again over TCP.
+pub const MAX_UDP_PAYLOAD: u16 = 1232;
+
 /// Answers queries from the zone.
 #[derive(Clone, Debug)]
 pub struct ZoneRequestHandler {
@@ -62,7 +67,7 @@ impl RequestHandler for ZoneRequestHandler {
     ) -> ResponseInfo {
         let response_edns = request.edns.as_ref().map(|req| {
             let mut edns = Edns::new();
-            edns.set_max_payload(req.max_payload().max(512));
+            edns.set_max_payload(req.max_payload().clamp(512, MAX_UDP_PAYLOAD));
             edns.set_version(0);
             edns
         });
