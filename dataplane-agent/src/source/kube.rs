@@ -322,7 +322,10 @@ async fn forward<K, T, E>(
             () = tx.closed() => return,
         };
         let Some(event) = event else { return };
-        if event.is_ok() && health.failing.record(true) {
+        // `Init` starts each (re)list before any request is made: only what the API server
+        // sent shows that the watch works.
+        let answered = matches!(&event, Ok(e) if !matches!(e, watcher::Event::Init));
+        if answered && health.failing.record(true) {
             info!(cluster = %cluster, resource, "watch works again");
             wake();
         }
