@@ -167,6 +167,9 @@ pub struct MergeState {
     filed_slices: HashMap<ClusterId, ById<Arc<LocalSlice>>>,
     withdrawn: BTreeSet<ClusterId>,
     outputs: HashMap<NamespacedName, ServiceOutput>,
+    /// Imports kept as they are while no member makes anything of their service
+    /// ([`MergeState::hold`]).
+    held: HashMap<NamespacedName, ImportRecord>,
     ip_owners: HashMap<IpAddr, NamespacedName>,
     /// ClusterSetIP imports a full CIDR left without IPs.
     starved: BTreeSet<NamespacedName>,
@@ -196,6 +199,7 @@ impl MergeState {
             filed_slices: HashMap::new(),
             withdrawn: BTreeSet::new(),
             outputs: HashMap::new(),
+            held: HashMap::new(),
             ip_owners: HashMap::new(),
             starved: BTreeSet::new(),
             names: SliceNames::default(),
@@ -628,7 +632,12 @@ impl MergeState {
         self.ip_owners.clear();
         self.starved.clear();
         self.names = SliceNames::default();
-        let all: BTreeSet<NamespacedName> = self.services.keys().cloned().collect();
+        let all: BTreeSet<NamespacedName> = self
+            .services
+            .keys()
+            .chain(self.held.keys())
+            .cloned()
+            .collect();
         // A full merge never meets contention: it gives everything out in order.
         if let Ok(outputs) = self.merge_batch(&all, existing, false) {
             self.outputs = outputs
@@ -749,6 +758,7 @@ fn sticky_ips(imports: &[ImportRecord]) -> HashMap<NamespacedName, Vec<IpAddr>> 
 }
 
 mod batch;
+mod held;
 mod names;
 
 use names::SliceNames;

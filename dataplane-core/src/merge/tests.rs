@@ -559,6 +559,8 @@ mod incremental {
         MoveSlice(usize, EndpointSlice),
         DeleteSlice(usize, usize),
         Withdraw(usize, bool),
+        /// The hold of the nth held import ends.
+        Release(usize),
     }
 
     fn arb_event() -> impl Strategy<Value = Event> {
@@ -572,6 +574,7 @@ mod incremental {
             (c.clone(), arb_slice()).prop_map(|(c, s)| Event::MoveSlice(c, s)),
             (c.clone(), any::<usize>()).prop_map(|(c, i)| Event::DeleteSlice(c, i)),
             (c, any::<bool>()).prop_map(|(c, w)| Event::Withdraw(c, w)),
+            any::<usize>().prop_map(Event::Release),
         ]
     }
 
@@ -618,6 +621,7 @@ mod incremental {
             (clusters, cfg, existing) in arb_case(),
             events in prop::collection::vec(arb_event(), 1..16),
             on_every_core in any::<bool>(),
+            holds in prop::collection::vec(any::<bool>(), 4),
         ) {
             let names = Interner::new();
             let mut members: Vec<Member> = (0..3).map(|_| Member::default()).collect();
@@ -631,6 +635,15 @@ mod incremental {
             let mut state = MergeState::new(cfg.clone(), c0.clone());
             // Updates of two services or more on threads too, where contention is an error.
             state.set_parallel(if on_every_core { 0 } else { usize::MAX }, 3);
+            // Some existing imports held (as a controller holds those of members it has not
+            // heard from), then released one by one or replaced by the merge's.
+            let held: BTreeMap<NamespacedName, ImportRecord> = existing
+                .iter()
+                .zip(&holds)
+                .filter(|(_, hold)| **hold)
+                .map(|(i, _)| (i.service.clone(), i.clone()))
+                .collect();
+            state.hold(held.values().cloned());
             state.load(&snapshots_of(&members, &names), &existing);
             let mut withdrawn = BTreeSet::new();
 
@@ -673,6 +686,13 @@ mod incremental {
                         if out { withdrawn.insert(cluster(c)); } else { withdrawn.remove(&cluster(c)); }
                         MemberChange::Withdrawn(cluster(c), out)
                     }
+                    Event::Release(i) => {
+                        let still: Vec<NamespacedName> = state.held().cloned().collect();
+                        let Some(s) = still.get(i % still.len().max(1)) else { continue };
+                        state.release(&BTreeSet::from([s.clone()]), &mut dirty);
+                        state.update(&dirty);
+                        continue;
+                    }
                 };
                 state.apply(change, &mut dirty);
                 state.update(&dirty);
@@ -680,6 +700,8 @@ mod incremental {
 
             let incremental = state.output();
             let mut full = MergeState::new(cfg, c0);
+            let still: BTreeSet<&NamespacedName> = state.held().collect();
+            full.hold(held.values().filter(|i| still.contains(&i.service)).cloned());
             let mut ignored = BTreeSet::new();
             for c in &withdrawn {
                 full.apply(MemberChange::Withdrawn(c.clone(), true), &mut ignored);

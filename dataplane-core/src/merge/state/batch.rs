@@ -6,8 +6,12 @@ use std::sync::{
     atomic::{AtomicUsize, Ordering},
 };
 
+use super::held::held_output;
 use super::*;
 use crate::lb::inputs::record_input;
+
+/// How the `Ready` message of an import names its withdrawn clusters.
+const WITHDRAWN_NOTE: &str = " Endpoints of cluster ";
 
 /// Batches of at least this many services (a full merge, a large relist) are merged on every
 /// core; smaller ones (an event's update) stay on the caller's thread, where starting threads
@@ -108,6 +112,7 @@ impl MergeState {
             policy,
             services,
             withdrawn,
+            held,
             ip_owners,
             starved,
             names,
@@ -160,6 +165,25 @@ impl MergeState {
                 draft(service, exports, statuses, config, local_families)
             },
         );
+
+        // Held imports: one whose service the members make nothing of keeps its IPs from
+        // everyone else; one whose service they make something of is replaced for good.
+        // Two held imports with one address (imports that were wrong already): the first in
+        // order keeps it, the other is not held.
+        for (draft, service) in drafts.iter().zip(batch) {
+            let Some(import) = held.get(service) else {
+                continue;
+            };
+            let taken = |ip: &IpAddr| ip_owners.get(ip).is_some_and(|o| o != service);
+            if draft.is_some() || import.ips.iter().any(taken) {
+                held.remove(service);
+            } else {
+                for ip in &import.ips {
+                    ip_owners.insert(*ip, service.clone());
+                }
+            }
+        }
+        let held = &*held;
 
         let requests: Vec<ips::Request<'_>> = drafts
             .iter()
@@ -259,10 +283,13 @@ impl MergeState {
                         refused,
                     })
                 }
-                None => (!u.statuses.is_empty()).then(|| ServiceOutput {
-                    statuses: u.statuses,
-                    ..Default::default()
-                }),
+                None => match held.get(service) {
+                    Some(import) => Some(held_output(import, u.statuses, withdrawn, grace)),
+                    None => (!u.statuses.is_empty()).then(|| ServiceOutput {
+                        statuses: u.statuses,
+                        ..Default::default()
+                    }),
+                },
             };
             (service.clone(), output)
         }))
@@ -352,7 +379,11 @@ fn refused_conditions(statuses: &mut [ExportStatus], refused: &[RefusedEndpoint]
 }
 
 /// Says in an import's `Ready` message which of its clusters have their endpoints withdrawn.
-fn withdrawn_note(import: &mut ImportRecord, withdrawn: &BTreeSet<ClusterId>, grace: Duration) {
+pub(super) fn withdrawn_note(
+    import: &mut ImportRecord,
+    withdrawn: &BTreeSet<ClusterId>,
+    grace: Duration,
+) {
     if withdrawn.is_empty() {
         return;
     }
@@ -369,8 +400,12 @@ fn withdrawn_note(import: &mut ImportRecord, withdrawn: &BTreeSet<ClusterId>, gr
         return;
     }
     for c in status.conditions.iter_mut().filter(|c| c.type_ == "Ready") {
+        // A held import's message may carry an earlier note: replaced, not repeated.
+        if let Some(at) = c.message.find(WITHDRAWN_NOTE) {
+            c.message.truncate(at);
+        }
         c.message = format!(
-            "{} Endpoints of cluster {} are withdrawn: its API server has been unreachable \
+            "{}{WITHDRAWN_NOTE}{} are withdrawn: its API server has been unreachable \
              for longer than the grace period ({}s).",
             c.message,
             gone.join(", "),

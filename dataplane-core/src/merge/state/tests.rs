@@ -478,3 +478,85 @@ fn a_slice_id_given_twice_for_two_services_is_one_slice() {
     state.update(&dirty);
     assert_eq!(state.output().endpoint_slices, []);
 }
+
+/// A controller that never heard from member `b` holds `b`'s import of `app`: through a full
+/// merge and updates it keeps its IP, which no other service gets (the CIDR has room for one
+/// more import: `api` gets it, `new` waits); its slices are not held. When `b` is heard from
+/// again and exports `app`, the merge's import takes the same IP; a released hold whose
+/// service nobody exports ends the import and frees the IP.
+#[test]
+fn a_held_import_keeps_its_ip_until_its_member_is_back() {
+    let names = Interner::new();
+    let mut config = ClusterSetConfig::default();
+    config.cidrs.ipv4 = "10.9.0.0/30".parse().expect("cidr");
+    let mut state = MergeState::new(config, ClusterId::new("a").expect("id"));
+    let app = NamespacedName::new("ns", "app");
+    let held = |ip: &str| {
+        ImportRecord::from_k8s(
+            &crate::fixtures::import("ns", "app").ips([ip]).build(),
+            &names,
+            true,
+        )
+        .into_record()
+        .expect("an import")
+    };
+    state.hold([held("10.9.0.2")]);
+    let a_exports = |service| exporting("a", service, &names);
+    let mut snapshot = Vec::new();
+    snapshot.extend(a_exports("api"));
+    snapshot.extend(a_exports("new"));
+    let mut dirty = BTreeSet::new();
+    for change in snapshot {
+        state.apply(change, &mut dirty);
+    }
+    state.merge_all(&[held("10.9.0.2")]);
+    let ips = |state: &MergeState| -> Vec<(String, Vec<String>)> {
+        state
+            .output()
+            .service_imports
+            .iter()
+            .map(|i| {
+                let ips = i.ips.iter().map(ToString::to_string).collect();
+                (i.service.name.to_string(), ips)
+            })
+            .collect()
+    };
+    let expected = vec![
+        ("api".to_owned(), vec!["10.9.0.1".to_owned()]),
+        ("app".to_owned(), vec!["10.9.0.2".to_owned()]),
+        ("new".to_owned(), vec![]),
+    ];
+    assert_eq!(ips(&state), expected);
+    assert!(state.service(&app).is_some_and(|o| o.slices.is_empty()));
+    // An update of another service leaves the reservation as it is.
+    apply_all(&mut state, exporting_at("a", "new", &["10.0.0.9"], &names));
+    assert_eq!(ips(&state), expected);
+
+    // b is back and exports app: the merge's import, with the held IP, and b's endpoints.
+    apply_all(&mut state, exporting("b", "app", &names));
+    assert_eq!(ips(&state), expected);
+    assert_eq!(
+        state.held().count(),
+        0,
+        "the merge's import replaced the hold"
+    );
+    assert_eq!(state.service(&app).map(|o| o.slices.len()), Some(1));
+
+    // Held again, then released while nobody exports app: the import goes, new gets the IP.
+    state.hold([held("10.9.0.2")]);
+    let mut dirty = BTreeSet::new();
+    state.apply(
+        MemberChange::ExportDeleted(ClusterId::new("b").expect("id"), app.clone()),
+        &mut dirty,
+    );
+    let current: Vec<ImportRecord> = state.imports().cloned().collect();
+    state.merge_all(&current);
+    assert_eq!(ips(&state), expected, "held through a full merge");
+    state.release(&BTreeSet::from([app.clone()]), &mut dirty);
+    state.update(&dirty);
+    let freed = vec![
+        ("api".to_owned(), vec!["10.9.0.1".to_owned()]),
+        ("new".to_owned(), vec!["10.9.0.2".to_owned()]),
+    ];
+    assert_eq!(ips(&state), freed);
+}
