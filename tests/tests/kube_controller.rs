@@ -871,6 +871,86 @@ async fn unreachable_member_is_withdrawn_after_the_grace_period() -> anyhow::Res
     Ok(())
 }
 
+/// 6c: a controller that starts while a member is down (a restart, a failover) never lists
+/// it. The imports that member alone exports are kept, with their ClusterSet IPs, its
+/// endpoints withdrawn; once it is back, its endpoints return under the same IP, and an
+/// import it stopped exporting meanwhile goes.
+#[tokio::test]
+async fn a_controller_started_during_a_member_outage_keeps_its_imports() -> anyhow::Result<()> {
+    let (east, west) = (FakeApiServer::start().await?, FakeApiServer::start().await?);
+    seed(&west, "west", T_WEST, &["10.2.0.1"]);
+    west.put(&http_service("api", 80));
+    west.put(&export(NS, "api").created(T_WEST).build());
+    west.put(&ready_slice("api", "west", &["10.2.0.2"]));
+    let grace = Duration::from_millis(1500);
+    let members = [("east", &east), ("west", &west)];
+    let first = start("east", &members, grace);
+    east.wait_until(WAIT, "web and api are imported from west", |s| {
+        ready_import(s, "web").is_some()
+            && ready_import(s, "api").is_some()
+            && imported(s, "web") == expect_imported(&[("west", &["10.2.0.1"])])
+    })
+    .await?;
+    let ips =
+        |s: &FakeApiServer, name: &str| s.get::<ServiceImport>(NS, name).map(|si| si.spec.ips);
+    let (web_ips, api_ips) = (ips(&east, "web"), ips(&east, "api"));
+    drop(first);
+
+    west.stop().await;
+    assert!(
+        west.delete::<ServiceExport>(NS, "api"),
+        "west stops exporting api meanwhile"
+    );
+    let started = tokio::time::Instant::now();
+    let _second = start("east", &members, grace);
+    // A service of east's own starts with it and wants an IP too.
+    seed(&east, "east", T_EAST, &["10.1.0.1"]);
+    east.put(&http_service("new", 80));
+    east.put(&export(NS, "new").created(T_EAST).build());
+    east.wait_until(
+        WAIT,
+        "west's endpoints are withdrawn, its imports kept",
+        |s| {
+            imported(s, "web") == expect_imported(&[("east", &["10.1.0.1"])])
+                && ready_import(s, "new").is_some()
+                && s.get::<ServiceImport>(NS, "api").is_some_and(|si| {
+                    si.status
+                        .and_then(|st| condition(&st.conditions, "Ready").cloned())
+                        .is_some_and(|c| {
+                            c.message
+                                .contains("Endpoints of cluster \"west\" are withdrawn")
+                        })
+                })
+        },
+    )
+    .await?;
+    assert!(started.elapsed() >= grace, "merged before the grace period");
+    // A few passes later, still there with the same IPs, and the new service has another.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(ips(&east, "web"), web_ips);
+    assert_eq!(ips(&east, "api"), api_ips);
+    assert!(
+        imported(&east, "api").is_empty(),
+        "west's endpoints are not held"
+    );
+    let new_ips = ips(&east, "new").expect("new is imported");
+    assert!(
+        new_ips
+            .iter()
+            .all(|ip| !web_ips.iter().chain(&api_ips).flatten().any(|o| o == ip)),
+        "{new_ips:?} against {web_ips:?} and {api_ips:?}"
+    );
+
+    west.resume().await?;
+    east.wait_until(WAIT, "west is back", |s| {
+        imported(s, "web") == expect_imported(&[("east", &["10.1.0.1"]), ("west", &["10.2.0.1"])])
+            && s.get::<ServiceImport>(NS, "api").is_none()
+    })
+    .await?;
+    assert_eq!(ips(&east, "web"), web_ips);
+    Ok(())
+}
+
 /// 6b: a member whose API server answers `/version` but no longer lets us read what we watch
 /// (revoked RBAC; open watches go on) is unreachable too: withdrawn after the grace period,
 /// back when access returns.

@@ -11,8 +11,10 @@
 //! while the lease is held.
 //!
 //! The first pass waits for the local cluster's lists and every member's (a member that does
-//! not answer within the grace period is merged without endpoints), then merges everything,
-//! keeping the ClusterSet IPs the imports already hold, and compares every service. A member
+//! not answer within the grace period is merged without endpoints, and the imports that name
+//! it are held as they are, IPs included, until it is heard from: [`MergeState::hold`]), then
+//! merges everything, keeping the ClusterSet IPs the imports already hold, and compares every
+//! service. A member
 //! whose API server or watches have failed for longer than the grace period has its endpoints
 //! withdrawn (its Services and exports still count), and the imports' `Ready` message says
 //! so. The answers to the controller's own writes are filed as observed at once, so a pass that
@@ -46,7 +48,7 @@ use crate::{
 };
 use dataplane_core::{
     merge::{ClusterSetConfig, MemberChange, MergeState},
-    model::{ClusterId, Interner, NamespacedName},
+    model::{ClusterId, Interner, NamespacedName, records::ImportRecord},
     policy::{AddressPolicy, AddressUse, RefusedEndpoint},
     reconcile::{
         Action, DesiredService, ObservedExport, ObservedImport, ObservedIndex, ObservedKind,
@@ -99,6 +101,13 @@ struct Controller {
     failed: BTreeSet<NamespacedName>,
     /// Whether the first full merge has run.
     merged: bool,
+    /// The remote members.
+    remote: Vec<ClusterId>,
+    /// Which complete lists of each member have been filed ([`list_bit`]).
+    heard: HashMap<ClusterId, u8>,
+    /// The imports held for members not heard from since the start, and whom each waits for
+    /// ([`MergeState::hold`]).
+    holds: HashMap<NamespacedName, BTreeSet<ClusterId>>,
     withdrawn: BTreeSet<ClusterId>,
     /// The conflict reasons of each local export in conflict, for `mcs_conflicts`.
     conflicts: HashMap<NamespacedName, Vec<String>>,
@@ -110,7 +119,12 @@ struct Controller {
 impl Controller {
     fn file(&mut self, event: ControllerEvent) {
         match event {
-            ControllerEvent::Member(change) => self.state.apply(change, &mut self.to_merge),
+            ControllerEvent::Member(change) => {
+                if let Some((cluster, bit)) = list_bit(&change) {
+                    *self.heard.entry(cluster.clone()).or_default() |= bit;
+                }
+                self.state.apply(change, &mut self.to_merge)
+            }
             ControllerEvent::Observed(change) => {
                 let touched: Vec<NamespacedName> = match *change {
                     ObservedChange::Imports(list) => {
@@ -172,6 +186,7 @@ impl Controller {
             // The first merge: everything, keeping the IPs the imports already hold.
             self.to_merge.clear();
             let existing: Vec<_> = self.observed.imports().map(|o| o.record.clone()).collect();
+            self.hold_unheard(&existing);
             self.merged = true;
             let services = self.state.merge_all(&existing);
             for d in self.state.diagnostics() {
@@ -204,6 +219,65 @@ impl Controller {
                 .set_refused(&[AddressUse::MemberEndpoint], &counts);
         }
         (services.into_iter().collect(), merged.len())
+    }
+
+    /// Whether every complete list of `member` has been filed.
+    fn heard_from(&self, member: &ClusterId) -> bool {
+        self.heard.get(member) == Some(&ALL_LISTS)
+    }
+
+    /// Before the first merge: holds the `existing` imports that name a member not heard from
+    /// yet (a controller started during its outage), so that they keep their ClusterSet IPs
+    /// instead of being deleted for want of that member's exports.
+    fn hold_unheard(&mut self, existing: &[ImportRecord]) {
+        let unheard: Vec<ClusterId> = (self.remote.iter())
+            .filter(|c| !self.heard_from(c))
+            .cloned()
+            .collect();
+        if unheard.is_empty() {
+            return;
+        }
+        let mut held = Vec::new();
+        for import in existing {
+            let named = import.status.iter().flat_map(|s| &s.clusters);
+            let waits: BTreeSet<ClusterId> = named
+                .filter_map(|c| unheard.iter().find(|u| u.as_str() == c.cluster))
+                .cloned()
+                .collect();
+            if !waits.is_empty() {
+                self.holds.insert(import.service.clone(), waits);
+                held.push(import.clone());
+            }
+        }
+        if !held.is_empty() {
+            warn!(
+                imports = held.len(),
+                members = ?unheard,
+                "members not heard from since the start: their imports are kept as they are, \
+                 with their ClusterSet IPs, until they are listed"
+            );
+        }
+        self.state.hold(held);
+    }
+
+    /// Ends the holds whose members have all been heard from, to be merged again.
+    fn release_heard(&mut self) {
+        let mut done = BTreeSet::new();
+        let heard = &self.heard;
+        self.holds.retain(|service, waits| {
+            waits.retain(|c| heard.get(c) != Some(&ALL_LISTS));
+            if waits.is_empty() {
+                done.insert(service.clone());
+            }
+            !waits.is_empty()
+        });
+        if !done.is_empty() {
+            info!(
+                imports = done.len(),
+                "members heard from: their held imports are merged again"
+            );
+            self.state.release(&done, &mut self.to_merge);
+        }
     }
 
     /// The actions that make `services` agree with the merge.
@@ -447,6 +521,12 @@ pub async fn run(
         to_compare: BTreeSet::new(),
         failed: BTreeSet::new(),
         merged: false,
+        remote: (watches.iter())
+            .map(|w| w.cluster.clone())
+            .filter(|c| *c != settings.local)
+            .collect(),
+        heard: HashMap::new(),
+        holds: HashMap::new(),
         withdrawn: BTreeSet::new(),
         conflicts: HashMap::new(),
         refused: HashMap::new(),
@@ -484,6 +564,7 @@ pub async fn run(
             continue;
         };
         ctl.set_withdrawn(withdrawn, &watches);
+        ctl.release_heard();
         let retrying = retry.is_due(Instant::now());
         if retrying {
             let due = std::mem::take(&mut ctl.failed);
@@ -526,6 +607,19 @@ pub async fn run(
         // The failed writes are retried on their own schedule (`retry`): a pass of other
         // services leaves it alone.
         retry.after_pass(!ctl.failed.is_empty(), retrying, Instant::now());
+    }
+}
+
+/// Every complete list of a member: its Services, ServiceExports and local slices.
+const ALL_LISTS: u8 = 0b111;
+
+/// The member and kind of a complete list.
+fn list_bit(change: &MemberChange) -> Option<(&ClusterId, u8)> {
+    match change {
+        MemberChange::Services(c, _) => Some((c, 0b001)),
+        MemberChange::Exports(c, _) => Some((c, 0b010)),
+        MemberChange::Slices(c, _) => Some((c, 0b100)),
+        _ => None,
     }
 }
 
