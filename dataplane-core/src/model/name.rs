@@ -3,12 +3,13 @@
 //! and shared.
 
 use std::{
-    collections::HashSet,
     sync::{
         Arc, Mutex, PoisonError,
         atomic::{AtomicUsize, Ordering},
     },
 };
+
+use foldhash::HashSet;
 
 use super::records::SlicePort;
 
