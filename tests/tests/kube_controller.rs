@@ -717,12 +717,24 @@ async fn a_partitioned_leader_steps_down_and_stays_down_after_the_heal() -> anyh
     })
     .await?;
 
+    eventually(WAIT, "the leader reports its members", || {
+        let text = old.metrics.encode();
+        text.contains("mcs_member_reachable{cluster=\"west\"} 1")
+            .then_some(())
+    })
+    .await?;
     let cut_at = tokio::time::Instant::now();
     old.proxy.block(true);
     // The lease lasts 3 s with a renew grace of 1 s: the old leader stops by 2.5 s after its
     // last renewal, before the other agent may take the Lease.
     eventually(WAIT, "the partitioned leader steps down", || {
         (leader_gauge(&old.metrics) == 0).then_some(())
+    })
+    .await?;
+    // Its members' gauges go with it: only the leader reports them.
+    eventually(WAIT, "the old leader's member gauges are gone", || {
+        let text = old.metrics.encode();
+        (!text.contains("mcs_member_reachable{") && !text.contains("mcs_conflicts{")).then_some(())
     })
     .await?;
     assert!(

@@ -700,6 +700,7 @@ pub async fn run_elected(
             (false, true) => {
                 info!(identity = %settings.identity, "lost the controller lease; stopping the controller");
                 running = None;
+                metrics.clear_controller_gauges();
             }
             _ => {}
         }

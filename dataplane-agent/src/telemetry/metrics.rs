@@ -337,6 +337,19 @@ impl Metrics {
         }
     }
 
+    /// Drops the gauges that only the leading controller keeps (conflicts, member
+    /// reachability and withdrawal, refused member endpoints): a replica that stops leading
+    /// must not go on exporting its last term's values beside the new leader's.
+    pub fn clear_controller_gauges(&self) {
+        self.conflicts.clear();
+        self.member_reachable.clear();
+        self.member_withdrawn.clear();
+        self.set_refused(
+            &[AddressUse::MemberEndpoint],
+            &std::collections::BTreeMap::new(),
+        );
+    }
+
     /// Sets the conflict gauges from (reason, count) pairs; reasons not given drop to 0.
     pub fn set_conflicts(&self, counts: &std::collections::BTreeMap<String, i64>) {
         for r in dataplane_core::merge::conditions::ConflictReason::ALL {

@@ -2,11 +2,9 @@
 //! repeats (a service's name appears in its import and in each member's slices) are stored once
 //! and shared.
 
-use std::{
-    sync::{
-        Arc, Mutex, PoisonError,
-        atomic::{AtomicUsize, Ordering},
-    },
+use std::sync::{
+    Arc, Mutex, PoisonError,
+    atomic::{AtomicUsize, Ordering},
 };
 
 use foldhash::HashSet;
