@@ -469,12 +469,15 @@ fn node_only_role_routes_seeded_imports() {
     let dir = topo.dir.join("kube-node");
     std::fs::create_dir_all(&dir).expect("dir");
     std::fs::write(dir.join("east.kubeconfig"), api.kubeconfig()).expect("write");
-    // West's kubeconfig does not exist: a node-only agent must not read it.
+    // One file for every cluster: the local member's kubeconfig is not mounted on nodes, so
+    // the agent uses its own credentials (here KUBECONFIG); west's kubeconfig does not exist
+    // either, and a node-only agent must not read it.
     std::fs::write(
         dir.join("clusterset.yaml"),
-        "localCluster: east\nmembers:\n- id: east\n  kubeconfig: east.kubeconfig\n- id: west\n  kubeconfig: missing.kubeconfig\n",
+        "localCluster: east\nmembers:\n- id: east\n  kubeconfig: members/east.kubeconfig\n- id: west\n  kubeconfig: missing.kubeconfig\n",
     )
     .expect("write");
+    let east_kubeconfig = dir.join("east.kubeconfig");
     let config = dir.join("clusterset.yaml");
     let (metrics_port, health_port, telemetry) = telemetry_args();
     let args = [
@@ -488,7 +491,12 @@ fn node_only_role_routes_seeded_imports() {
         &telemetry[2],
         &telemetry[3],
     ];
-    let mut agent = Agent::start(&topo, &args).expect("agent");
+    let mut agent = Agent::start_with_env(
+        &topo,
+        &args,
+        &[("KUBECONFIG", east_kubeconfig.to_str().expect("utf-8"))],
+    )
+    .expect("agent");
     // Ready after the first sync.
     wait_http(&mut agent, health_port, "/readyz", 200).expect("ready");
     wait_backends(

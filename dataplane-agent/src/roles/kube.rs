@@ -304,7 +304,22 @@ pub async fn connect(
         if only_local && member.id != local {
             continue;
         }
-        clients.push((member.id.clone(), member_client(member, config_dir).await?));
+        let client = match &member.kubeconfig {
+            // One file for every cluster lists each cluster's kubeconfig, and each cluster's
+            // Secret holds the others' only (the node pods mount none): the local member's
+            // missing kubeconfig means the pod's own credentials.
+            Some(path) if member.id == local && !config_dir.join(path).exists() => {
+                info!(cluster = %local, path = %config_dir.join(path).display(),
+                    "the local member's kubeconfig is not here; using the pod's own credentials");
+                let own = Member {
+                    kubeconfig: None,
+                    ..member.clone()
+                };
+                member_client(&own, config_dir).await?
+            }
+            _ => member_client(member, config_dir).await?,
+        };
+        clients.push((member.id.clone(), client));
     }
     Ok((local, clients))
 }
