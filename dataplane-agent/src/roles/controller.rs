@@ -563,6 +563,11 @@ pub async fn run(
             }
             continue;
         };
+        // A watch counts as listed once its list was sent: what the gate saw listed is filed
+        // now if it came after the drain above.
+        while let Ok(event) = rx.try_recv() {
+            ctl.file(event);
+        }
         ctl.set_withdrawn(withdrawn, &watches);
         ctl.release_heard();
         let retrying = retry.is_due(Instant::now());

@@ -342,10 +342,15 @@ async fn forward<K, T, E>(
                 debug!(cluster = %cluster, resource, objects = listing.len(), "list complete");
                 let list = (kind.list)(std::mem::take(&mut listing));
                 names.purge();
+                // The list is on its way before the watch counts as listed: a consumer that
+                // waits for every first list (the controller's first merge) then has it.
+                if tx.send(list).is_err() {
+                    return;
+                }
                 if !health.listed.swap(true, Ordering::AcqRel) {
                     wake();
                 }
-                Some(list)
+                None
             }
             Ok(watcher::Event::Apply(o)) => Some(match (kind.convert)(&o) {
                 Some(record) => (kind.apply)(record),
