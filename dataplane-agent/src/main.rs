@@ -56,8 +56,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             .context("node role")
         }
         Command::Run(args) => {
-            let cfg = args.dataplane.loader_config().map_err(anyhow::Error::msg)?;
+            let loader_config = || args.dataplane.loader_config().map_err(anyhow::Error::msg);
             if let Some(config_path) = &args.config {
+                // A controller-only agent loads nothing: it needs no cgroup2 mount.
+                let cfg = if args.roles.node() {
+                    Some(loader_config()?)
+                } else {
+                    None
+                };
                 let config = AgentConfig::read(config_path)?;
                 let options = kube::KubeModeOptions {
                     roles: args.roles,
@@ -74,6 +80,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let Some(dir) = args.clusterset_dir.clone() else {
                 anyhow::bail!("run needs --clusterset-dir or --config");
             };
+            let cfg = loader_config()?;
             let settings = standalone::Standalone {
                 dir,
                 cluster: args.cluster.clone(),

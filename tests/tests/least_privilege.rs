@@ -368,3 +368,51 @@ fn node_role_without_cap_bpf_exits_with_an_error_naming_the_capabilities() {
     assert!(log.contains("Operation not permitted"), "{log}");
     assert!(!log.contains("panicked"), "{log}");
 }
+
+/// The controller role as `deploy/controller.yaml` runs it (no `--cgroup`, no host mounts)
+/// loads no eBPF, so it starts on a host without a cgroup2 mount (cgroup v1 nodes): here a
+/// private mount namespace with every cgroup2 mount taken away.
+#[test]
+fn controller_role_needs_no_cgroup2_mount() {
+    require_root!();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let topo = Topology::new(&["east"]).expect("topology");
+    let (api, config) = seeded_api(&rt, &topo);
+    let log_path = topo.dir.join("controller.log");
+    let log = std::fs::File::create(&log_path).expect("log");
+    // Not `Agent`: it passes `--cgroup`, which is what this test leaves out.
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(concat!(
+            r#"awk '$3 == "cgroup2" {print $2}' /proc/self/mounts | sort -r | xargs -r -n1 umount -l"#,
+            r#" && ! grep -q ' cgroup2 ' /proc/self/mounts && exec "$@""#
+        ))
+        .arg("sh")
+        .arg(tests::netns::agent_bin())
+        .args(["run", "--config", &config, "--roles", "controller"])
+        .args(["--metrics-address", "127.0.0.1:0", "--health-address", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(log);
+    let child = tests::netns::die_with_parent(&mut cmd)
+        .spawn()
+        .expect("spawn");
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Kill(child);
+    let text = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    // It runs for the election: the Lease is read.
+    let deadline = Instant::now() + WAIT;
+    while !api.requests().iter().any(|r| r.path.contains("/leases")) {
+        let exited = child.0.try_wait().expect("wait").is_some();
+        assert!(!exited && Instant::now() < deadline, "{}", text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(child.0.try_wait().expect("wait").is_none(), "{}", text());
+    assert!(text().contains("kubernetes mode"), "{}", text());
+}

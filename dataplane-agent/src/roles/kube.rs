@@ -485,7 +485,7 @@ pub async fn run(
     config: AgentConfig,
     config_path: &Path,
     options: KubeModeOptions,
-    loader: LoaderConfig,
+    loader: Option<LoaderConfig>,
 ) -> Result<(), KubeModeError> {
     options.check_roles()?;
     let roles = options.roles;
@@ -496,8 +496,10 @@ pub async fn run(
     let (local, members) = connect(&config, &config_dir, !roles.controller()).await?;
     info!(local = %local, members = members.len(), identity = %options.identity, ?roles, "kubernetes mode");
     // A controller-only agent has no maps to report.
+    // The node role's dataplane (a controller-only agent is given none).
+    let loader = loader.filter(|_| roles.node());
     let metrics = Arc::new(Metrics::new(
-        roles.node().then(|| loader.pin_dir.clone()),
+        loader.as_ref().map(|l| l.pin_dir.clone()),
         options.frontend_metrics,
     ));
     let health = Arc::new(Health::default());
@@ -511,8 +513,8 @@ pub async fn run(
     let refresher = tokio::spawn(metrics.clone().refresh_maps_forever(MAP_REFRESH_EVERY));
 
     let mut dns_server = None;
-    let node = if roles.node() {
-        let mut node = Node::start(&loader)?.with_policy(options.policy.clone());
+    let node = if let Some(loader) = &loader {
+        let mut node = Node::start(loader)?.with_policy(options.policy.clone());
         if let Some((zone, server)) = crate::dns::start(&options.dns)? {
             node = node.with_dns(zone);
             dns_server = Some(server);
