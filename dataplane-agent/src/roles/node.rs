@@ -349,11 +349,12 @@ pub async fn run_with(
                 while let Ok(change) = changes.try_recv() {
                     batch.push(change);
                 }
+                // A sync retries every failed write: once the retry is due, this is it.
+                retried = retry.is_due(tokio::time::Instant::now());
                 let started = Instant::now();
                 if let Some(report) = node.apply(batch.drain(..)) {
                     on_sync(&node, &report, started.elapsed());
                 }
-                retried = false;
             }
             () = sleep_until(retry.deadline()) => {
                 let started = Instant::now();

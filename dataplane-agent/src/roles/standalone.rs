@@ -106,6 +106,8 @@ pub async fn run(settings: Standalone, loader: &LoaderConfig) -> Result<(), Stan
                 match merge.update(&changes) {
                     Ok(update) => {
                         if !update.changes.is_empty() {
+                            // It retries every failed write: once the retry is due, this is it.
+                            retried = retry.is_due(Instant::now());
                             node.apply(update.changes);
                         }
                         report.pending = true;
