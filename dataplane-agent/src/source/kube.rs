@@ -182,22 +182,27 @@ async fn probe(
 }
 
 /// How long a failed watch waits before it retries: from 250 ms, doubling to 8 s, and back to
-/// 250 ms after a success. client-go's default (800 ms to 30 s, reset only after 2 minutes)
-/// is kinder to a struggling API server, but here it would keep a member that is back
-/// counted as unreachable, and its endpoints withdrawn, for up to a minute.
-#[derive(Clone, Copy, Debug)]
+/// 250 ms once the API server answered again. client-go's default (800 ms to 30 s, reset only
+/// after 2 minutes) is kinder to a struggling API server, but here it would keep a member
+/// that is back counted as unreachable, and its endpoints withdrawn, for up to a minute.
+#[derive(Clone, Debug)]
 struct WatchBackoff {
     next: Duration,
+    /// Set by the watch's consumer when the API server answered: kube-runtime resets the
+    /// backoff on every event, `Init` included, which each retry sends before its request,
+    /// so a list that keeps failing would otherwise be retried every 250 ms for ever.
+    answered: Arc<AtomicBool>,
 }
 
 impl WatchBackoff {
     const MIN: Duration = Duration::from_millis(250);
     const MAX: Duration = Duration::from_secs(8);
-}
 
-impl Default for WatchBackoff {
-    fn default() -> Self {
-        WatchBackoff { next: Self::MIN }
+    fn new(answered: Arc<AtomicBool>) -> Self {
+        WatchBackoff {
+            next: Self::MIN,
+            answered,
+        }
     }
 }
 
@@ -213,7 +218,9 @@ impl Iterator for WatchBackoff {
 
 impl Backoff for WatchBackoff {
     fn reset(&mut self) {
-        self.next = Self::MIN;
+        if self.answered.swap(false, Ordering::AcqRel) {
+            self.next = Self::MIN;
+        }
     }
 }
 
@@ -307,7 +314,8 @@ async fn forward<K, T, E>(
         changed,
         names,
     } = report;
-    let stream = watcher(api, config).backoff(WatchBackoff::default());
+    let answered_flag = Arc::new(AtomicBool::new(false));
+    let stream = watcher(api, config).backoff(WatchBackoff::new(answered_flag.clone()));
     futures::pin_mut!(stream);
     // The objects of a list in progress (between Init and InitDone).
     let mut listing: Vec<T> = Vec::new();
@@ -325,6 +333,9 @@ async fn forward<K, T, E>(
         // `Init` starts each (re)list before any request is made: only what the API server
         // sent shows that the watch works.
         let answered = matches!(&event, Ok(e) if !matches!(e, watcher::Event::Init));
+        if answered {
+            answered_flag.store(true, Ordering::Release);
+        }
         if answered && health.failing.record(true) {
             info!(cluster = %cluster, resource, "watch works again");
             wake();
