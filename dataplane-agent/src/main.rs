@@ -134,13 +134,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Uninstall(args) => {
-            let done = loader::uninstall(&args.pin_dir)?;
-            println!(
-                "removed {} links and {} map pins from {}",
-                done.links,
-                done.maps,
-                args.pin_dir.display()
-            );
+            let done = match loader::uninstall(&args.pin_dir) {
+                Err(e @ loader::LoadError::Busy(_)) => {
+                    return Err(anyhow::Error::new(e)
+                        .context("an agent is running on this pin directory; stop it first"));
+                }
+                other => other?,
+            };
+            if done == loader::Uninstalled::default() && !args.pin_dir.exists() {
+                println!("nothing installed under {}", args.pin_dir.display());
+            } else {
+                println!(
+                    "removed {} links and {} map pins from {}",
+                    done.links,
+                    done.maps,
+                    args.pin_dir.display()
+                );
+            }
             Ok(())
         }
         Command::Crds(args) => {

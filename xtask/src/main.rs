@@ -151,7 +151,7 @@ const OLDEST_KUBERNETES: &str = "1.31.0";
 fn validate_deploy() -> anyhow::Result<()> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
     let mut files = Vec::new();
-    for dir in ["", "crds", "rbac", "policy", "remote"] {
+    for dir in ["", "crds", "rbac", "policy", "remote", "uninstall"] {
         for entry in std::fs::read_dir(root.join(dir)).context("reading deploy/")? {
             let path = entry?.path();
             // kustomization.yaml is kustomize's, not an API object.
@@ -163,12 +163,14 @@ fn validate_deploy() -> anyhow::Result<()> {
         }
     }
     files.sort();
-    // Everything but remote/ (applied in the other clusters) is installed by the kustomization.
+    // Everything but remote/ (applied in the other clusters) and uninstall/ (applied after
+    // it) is installed by the kustomization.
     let kustomization = std::fs::read_to_string(root.join("kustomization.yaml"))
         .context("reading deploy/kustomization.yaml")?;
     for file in &files {
         let rel = file.strip_prefix(&root).unwrap_or(file).to_string_lossy();
-        if !rel.starts_with("remote/") && !kustomization.contains(&format!("- {rel}\n")) {
+        let apart = rel.starts_with("remote/") || rel.starts_with("uninstall/");
+        if !apart && !kustomization.contains(&format!("- {rel}\n")) {
             bail!("deploy/kustomization.yaml does not list {rel}");
         }
     }

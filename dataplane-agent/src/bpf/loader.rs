@@ -668,11 +668,15 @@ pub struct Uninstalled {
 }
 
 /// Detaches every pinned link and removes the pins and the pin directory. The maps are freed
-/// once nothing references them.
+/// once nothing references them. Nothing to remove is not an error (cleanup scripts run it
+/// again); an agent still running on the directory is ([`LoadError::Busy`]): it would go on
+/// writing maps that nothing reads.
 pub fn uninstall(pin_dir: &Path) -> Result<Uninstalled, LoadError> {
     if !pin_dir.exists() {
-        return Err(LoadError::NotInstalled(pin_dir.to_owned()));
+        return Ok(Uninstalled::default());
     }
+    // Held until the pins are gone: no agent starts on the directory meanwhile.
+    let _lock = lock_pin_dir(pin_dir)?;
     let mut done = Uninstalled::default();
     if let Ok(entries) = fs::read_dir(pin_dir.join("links")) {
         for entry in entries.flatten() {
