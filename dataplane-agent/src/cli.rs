@@ -317,6 +317,9 @@ pub struct ExplainArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// The node's address flags, to explain what that node programs.
+    #[command(flatten)]
+    pub addresses: AddressArgs,
 }
 
 /// Parses `IP:PORT[/tcp|/udp]`.

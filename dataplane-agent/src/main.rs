@@ -98,25 +98,31 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Explain(args) => {
             let (ip, port, protocol) =
                 cli::parse_frontend(&args.address).map_err(anyhow::Error::msg)?;
-            let (imports, slices) = match (&args.from_dir, &args.clusterset_dir) {
+            // The node's policy: the flags over the ClusterSet's CIDRs (a node directory
+            // carries none: the defaults, or --clusterset-cidrs).
+            let (imports, slices, policy) = match (&args.from_dir, &args.clusterset_dir) {
                 (Some(dir), _) => {
-                    let (inputs, errors) = node_dir::read(dir)?;
+                    let (inputs, errors) = node_dir::read(dir)
+                        .with_context(|| format!("reading {}", dir.display()))?;
                     for e in errors {
                         tracing::warn!("{e}");
                     }
-                    (inputs.imports, inputs.slices)
+                    let policy = args.addresses.policy(&Default::default());
+                    (inputs.imports, inputs.slices, policy)
                 }
                 (None, Some(dir)) => {
                     let merged = clusterset_dir::merge(dir, args.cluster.as_ref(), None)?;
+                    let policy = args.addresses.policy(&merged.cidrs);
                     let m = merged.merge;
                     (
                         m.service_imports.iter().map(|r| r.to_k8s()).collect(),
                         m.endpoint_slices.iter().map(|s| s.to_k8s()).collect(),
+                        policy,
                     )
                 }
                 (None, None) => anyhow::bail!("give --from-dir or --clusterset-dir"),
             };
-            let e = explain::explain(&imports, &slices, ip, port, protocol);
+            let e = explain::explain_with(&imports, &slices, ip, port, protocol, &policy);
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&e)?);
             } else {

@@ -12,6 +12,7 @@ use crate::{
         EndpointSlice, IpFamily, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, NamespacedName,
         ServiceImport,
     },
+    policy::{AddressPolicy, Refusal},
 };
 
 /// The verdict for one cluster.
@@ -85,8 +86,30 @@ pub fn explain(
     port: u16,
     protocol: Protocol,
 ) -> Explanation {
+    explain_with(
+        imports,
+        slices,
+        ip,
+        port,
+        protocol,
+        &AddressPolicy::default(),
+    )
+}
+
+/// [`explain`] on a node whose address policy is `policy` (its ClusterSet CIDRs and backend
+/// rules): VIPs outside its CIDRs pass through, refused backends are named as such. An
+/// IPv4-mapped IPv6 address is the IPv4 one, as the datapath looks it up.
+pub fn explain_with(
+    imports: &[ServiceImport],
+    slices: &[EndpointSlice],
+    ip: IpAddr,
+    port: u16,
+    protocol: Protocol,
+    policy: &AddressPolicy,
+) -> Explanation {
+    let ip = ip.to_canonical();
     let address = lb::FrontendAddr { ip, port, protocol }.to_string();
-    let table = lb::build(imports, slices);
+    let table = lb::build_with(imports, slices, policy);
     let Some(owner) = table.vips.get(&ip) else {
         return Explanation {
             address,
@@ -188,6 +211,11 @@ pub fn explain(
             format!(
                 "does not declare {shown_name} as {port}/{protocol} (its Service's port differs or is missing)"
             )
+        } else if let Some(why) = all_refused(own, family, cluster, policy) {
+            format!(
+                "every endpoint of its {family} EndpointSlices is refused by the address policy ({})",
+                why.label()
+            )
         } else {
             "no ready endpoints (terminating ones are used only when no cluster has ready ones)"
                 .to_owned()
@@ -200,8 +228,13 @@ pub fn explain(
     }
     let outcome = match frontend {
         Some(f) if !f.backends.is_empty() => format!(
-            "{owner} {shown_name}: {} backend(s), chosen uniformly at random{}",
+            "{owner} {shown_name}: {} backend(s), {}{}",
             f.backends.len(),
+            match protocol {
+                Protocol::Udp =>
+                    "one per socket (a hash of its cookie), the same for every datagram",
+                _ => "chosen uniformly at random per connection",
+            },
             if f.affinity_timeout_s.is_some() {
                 ", with ClientIP affinity"
             } else {
@@ -222,6 +255,32 @@ pub fn explain(
             &protocol.to_string(),
         ),
     }
+}
+
+/// The refusal of the first endpoint, when the address policy refuses every endpoint of
+/// `cluster`'s slices of `family` (and there is at least one).
+fn all_refused(
+    slices: &[&EndpointSlice],
+    family: IpFamily,
+    cluster: &str,
+    policy: &AddressPolicy,
+) -> Option<Refusal> {
+    let cluster = crate::model::ClusterId::new(cluster).ok()?;
+    let mut first = None;
+    let addresses = slices
+        .iter()
+        .filter(|s| s.address_type == family.address_type())
+        .flat_map(|s| s.endpoints.iter().flat_map(|e| e.addresses.iter()));
+    for address in addresses {
+        let ip: IpAddr = address.parse().ok()?;
+        match policy.check_backend(&cluster, ip) {
+            Ok(()) => return None,
+            Err(why) => {
+                first.get_or_insert(why);
+            }
+        }
+    }
+    first
 }
 
 #[cfg(test)]
@@ -301,6 +360,46 @@ endpoints: [{addresses: [10.3.0.1], conditions: {ready: false}}]
             .iter()
             .map(|c| (c.cluster.as_str(), c.eligible, c.reason.as_str()))
             .collect()
+    }
+
+    /// A node's policy decides: a VIP outside its CIDRs passes through, a refused backend is
+    /// named as refused, an IPv4-mapped VIP is the IPv4 one, UDP is per socket.
+    #[test]
+    fn the_nodes_address_policy_decides() {
+        let (imports, mut slices) = inputs();
+        let vip: IpAddr = "241.0.0.10".parse().unwrap();
+        let outside = AddressPolicy::for_cidrs(&crate::merge::ClusterSetCidrs {
+            ipv4: "10.255.0.0/24".parse().unwrap(),
+            ipv6: "fd12::/120".parse().unwrap(),
+        });
+        let e = explain_with(&imports, &slices, vip, 80, Protocol::Tcp, &outside);
+        assert_eq!(e.service, None, "{e}");
+        assert!(e.outcome.starts_with("not a ClusterSet IP"), "{e}");
+
+        // b's only endpoint is on loopback: refused, and said so.
+        slices[1].endpoints[0].addresses = vec!["127.0.0.1".into()];
+        let e = explain_with(
+            &imports,
+            &slices,
+            vip,
+            80,
+            Protocol::Tcp,
+            &Default::default(),
+        );
+        let b = e.clusters.iter().find(|c| c.cluster == "b").unwrap();
+        assert!(!b.eligible);
+        assert!(
+            b.reason
+                .contains("refused by the address policy (loopback)"),
+            "{}",
+            b.reason
+        );
+
+        let mapped: IpAddr = "::ffff:241.0.0.10".parse().unwrap();
+        let e = explain(&imports, &slices, mapped, 80, Protocol::Tcp);
+        assert_eq!(e.address, "241.0.0.10:80/TCP");
+        assert_eq!(e.service.as_deref(), Some("demo/web"));
+        assert!(e.outcome.contains("at random per connection"), "{e}");
     }
 
     #[test]

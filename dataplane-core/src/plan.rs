@@ -28,8 +28,9 @@ use crate::{
         inputs::{Change, record_input},
     },
     manifest::ManifestError,
-    merge::MergeOutput,
+    merge::{ClusterSetCidrs, MergeOutput},
     model::ClusterId,
+    policy::AddressPolicy,
 };
 
 /// A ClusterSet merged for one importing cluster, with what could not be read: the input of
@@ -44,6 +45,8 @@ pub struct Merged {
     pub manifest_errors: Vec<ManifestError>,
     /// Where each object came from (cluster, `Kind ns/name`) → file.
     pub sources: BTreeMap<(ClusterId, String), PathBuf>,
+    /// The ClusterSet's CIDRs: the node's address policy follows them.
+    pub cidrs: ClusterSetCidrs,
 }
 
 /// A merge and its lb table for one importing cluster: what `plan` prints.
@@ -57,8 +60,15 @@ pub struct Plan {
 
 impl Plan {
     /// The plan of a merge: builds its lb table.
+    /// Under the address policy of the ClusterSet's CIDRs, as a node without other address
+    /// flags has it.
     pub fn new(merged: Merged) -> Plan {
-        let lb = lb::build_records(&merged.merge.service_imports, &merged.merge.endpoint_slices);
+        let policy = AddressPolicy::for_cidrs(&merged.cidrs);
+        let lb = lb::build_records_with(
+            &merged.merge.service_imports,
+            &merged.merge.endpoint_slices,
+            &policy,
+        );
         Plan { merged, lb }
     }
 

@@ -349,6 +349,7 @@ pub fn merge(
         merge,
         manifest_errors: read.errors,
         sources: read.sources,
+        cidrs: read.config.cidrs,
     })
 }
 

@@ -253,6 +253,7 @@ impl ClusterSetMerge {
             merge,
             manifest_errors: self.files.errors(),
             sources: self.files.sources(),
+            cidrs: self.config().cidrs,
         }
     }
 

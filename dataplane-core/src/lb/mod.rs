@@ -197,6 +197,15 @@ fn by_cluster<'a>(slices: impl IntoIterator<Item = &'a ImportedSlice>) -> Vec<&'
 /// assert_eq!(frontend.backends[0].port, 8080);
 /// ```
 pub fn build(imports: &[ServiceImport], slices: &[EndpointSlice]) -> LbTable {
+    build_with(imports, slices, &AddressPolicy::default())
+}
+
+/// [`build`] under `policy` (the node's: its ClusterSet CIDRs and backend rules).
+pub fn build_with(
+    imports: &[ServiceImport],
+    slices: &[EndpointSlice],
+    policy: &AddressPolicy,
+) -> LbTable {
     let names = crate::model::Interner::new();
     let mut unfiled = Vec::new();
     let mut filed = Vec::with_capacity(slices.len());
@@ -213,33 +222,45 @@ pub fn build(imports: &[ServiceImport], slices: &[EndpointSlice]) -> LbTable {
         .iter()
         .map(|si| inputs::import_input(si, &names))
         .collect();
-    build_inputs(imports, filed, unfiled)
+    build_inputs(imports, filed, unfiled, policy)
 }
 
-/// Builds the table from records (what `plan` does with a merge's output).
+/// Builds the table from records (what `plan` does with a merge's output), under the default
+/// policy.
 pub fn build_records(imports: &[ImportRecord], slices: &[ImportedSlice]) -> LbTable {
+    build_records_with(imports, slices, &AddressPolicy::default())
+}
+
+/// [`build_records`] under `policy`.
+pub fn build_records_with(
+    imports: &[ImportRecord],
+    slices: &[ImportedSlice],
+    policy: &AddressPolicy,
+) -> LbTable {
     build_inputs(
         imports.iter().cloned().map(inputs::record_input).collect(),
         slices.iter().cloned().map(inputs::record_input).collect(),
         Vec::new(),
+        policy,
     )
 }
 
 /// Builds the table from the records a node files, shared rather than copied (what a daemon
 /// does with a merge's records, [`crate::merge::MergeState::node_inputs`]).
 pub fn build_shared(imports: Vec<inputs::ImportInput>, slices: Vec<inputs::SliceInput>) -> LbTable {
-    build_inputs(imports, slices, Vec::new())
+    build_inputs(imports, slices, Vec::new(), &AddressPolicy::default())
 }
 
 fn build_inputs(
     imports: Vec<inputs::ImportInput>,
     slices: Vec<inputs::SliceInput>,
     warnings: Vec<LbWarning>,
+    policy: &AddressPolicy,
 ) -> LbTable {
     let mut index = inputs::InputIndex::default();
     let mut dirty = BTreeSet::new();
     index.apply(inputs::Change::Snapshot { imports, slices }, &mut dirty);
-    let mut state = LbState::default();
+    let mut state = LbState::new(std::sync::Arc::new(policy.clone()));
     state.update(index.services(), |s| index.inputs(s));
     let mut table = state.into_table();
     table.warnings.extend(warnings);
