@@ -53,22 +53,27 @@ pub struct DataplaneArgs {
     /// cgroup v2 directory to attach to (default: the cgroup2 mount root, i.e. the whole node).
     #[arg(long, env = "MCS_CGROUP")]
     pub cgroup: Option<PathBuf>,
-    /// Capacity of each frontend map (a frontend is a VIP, port and protocol, or a VIP's wildcard).
-    #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_FRONTENDS)]
+    /// Frontends in all (a frontend is a VIP, port and protocol, or a VIP's wildcard): the
+    /// capacity of each of the IPv4 and IPv6 frontend maps, and of the frontend ids both share.
+    #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_FRONTENDS,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub max_frontends: u32,
     /// Capacity of the slot array: every frontend's backends, plus room for the new backend set
     /// of the frontends being changed.
-    #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_SLOTS)]
+    #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_SLOTS,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub max_slots: u32,
     /// Capacity of the cluster-name map (member clusters named at once; at most 65535).
     #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_CLUSTERS,
           value_parser = clap::value_parser!(u32).range(1..=65535))]
     pub max_clusters: u32,
     /// Capacity of the session-affinity LRU.
-    #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_AFFINITY)]
+    #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_AFFINITY,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub max_affinity: u32,
     /// Capacity of each reverse-translation LRU (one entry per translated socket and backend).
-    #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_REVNAT)]
+    #[arg(long, default_value_t = dataplane_ebpf::defaults::MAX_REVNAT,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub max_revnat: u32,
     /// Entries of the connected-socket reverse map, rounded up to a power of two (48 bytes
     /// each). A translated TCP or connected UDP socket uses entry `cookie mod size`; when another
@@ -208,6 +213,9 @@ pub struct NodeArgs {
 }
 
 /// `run`: exactly one of `--clusterset-dir` (standalone) or `--config` (Kubernetes mode).
+/// The Kubernetes-mode flags do not conflict with `--clusterset-dir`: clap counts a value from
+/// the environment as given, and the manifests set `POD_NAME` and `POD_NAMESPACE` for every pod.
+/// Standalone mode ignores them.
 #[derive(Args, Debug)]
 #[command(group(
     clap::ArgGroup::new("source")
@@ -228,50 +236,29 @@ pub struct RunArgs {
     #[arg(long, conflicts_with = "config")]
     pub report: Option<PathBuf>,
     /// Kubernetes mode: this agent's identity, the lease holder and Event reporter (default: the hostname).
-    #[arg(long, env = "POD_NAME", conflicts_with = "clusterset_dir")]
+    #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
     /// Kubernetes mode: the namespace of the controller Lease (the agent's namespace).
-    #[arg(
-        long,
-        env = "POD_NAMESPACE",
-        default_value = "mcs-system",
-        conflicts_with = "clusterset_dir"
-    )]
+    #[arg(long, env = "POD_NAMESPACE", default_value = "mcs-system")]
     pub lease_namespace: String,
     /// Kubernetes mode: the roles to run: `node` (route the local cluster's imports; needs only
     /// the local API server), `controller` (the lease-elected merge and writer; no eBPF) or `all`.
-    #[arg(
-        long,
-        value_enum,
-        default_value = "all",
-        env = "MCS_ROLES",
-        conflicts_with = "clusterset_dir"
-    )]
+    #[arg(long, value_enum, default_value = "all", env = "MCS_ROLES")]
     pub roles: crate::roles::kube::Roles,
     /// Kubernetes mode: address of /metrics (this host only by default; unauthenticated, so
     /// expose it on purpose).
-    #[arg(
-        long,
-        env = "MCS_METRICS_ADDRESS",
-        default_value = "127.0.0.1:9090",
-        conflicts_with = "clusterset_dir"
-    )]
+    #[arg(long, env = "MCS_METRICS_ADDRESS", default_value = "127.0.0.1:9090")]
     pub metrics_address: std::net::SocketAddr,
     /// Kubernetes mode, node role: also export the per-frontend counters (`mcs_frontend_*`:
     /// three series per service port and per ClusterSet IP, on every node). Off by default: at
     /// 10,000 services that is 90,000 series per node, and 3-6 MiB of each node's memory;
     /// `dataplane-agent inspect` shows the same counters.
-    #[arg(long, env = "MCS_FRONTEND_METRICS", conflicts_with = "clusterset_dir")]
+    #[arg(long, env = "MCS_FRONTEND_METRICS")]
     pub frontend_metrics: bool,
     /// Kubernetes mode: address of /healthz and /readyz, for the kubelet's probes (every
     /// address by default: the kubelet probes the pod IP; they say only ok or why not). The
     /// same address as --metrics-address serves all three on one listener.
-    #[arg(
-        long,
-        env = "MCS_HEALTH_ADDRESS",
-        default_value = "0.0.0.0:9091",
-        conflicts_with = "clusterset_dir"
-    )]
+    #[arg(long, env = "MCS_HEALTH_ADDRESS", default_value = "0.0.0.0:9091")]
     pub health_address: std::net::SocketAddr,
     #[command(flatten)]
     pub dataplane: DataplaneArgs,

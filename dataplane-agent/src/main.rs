@@ -19,15 +19,36 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> std::process::ExitCode {
     dataplane_agent::memory::configure();
     let cli = Cli::parse();
-    telemetry::init(cli.log_format);
+    let log_format = cli.log_format;
+    telemetry::init(log_format);
     match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("error: {e:#}");
+            // Once, on stderr: a JSON log line where logs are parsed, else plain text.
+            match log_format {
+                telemetry::LogFormat::Json => tracing::error!("{}", error_text(&e)),
+                telemetry::LogFormat::Text => eprintln!("error: {}", error_text(&e)),
+            }
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, joined by ": ", leaving out a cause that the message before it
+/// already quotes (most of the agent's errors name their source in their own message).
+fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }
 
 /// Runs an async role on a fresh tokio runtime.

@@ -7,7 +7,7 @@
 //! | `mcs_frontend_affinity_hits_total` | counter | same | session-affinity hits |
 //! | `mcs_map_entries` / `mcs_map_capacity` | gauge | map | entries in use and `max_entries` of each pinned map |
 //! | `mcs_map_sync_duration_seconds` | histogram | | one sync of the node's maps |
-//! | `mcs_map_sync_failures_total` | counter | | services a sync could not write (e.g. a full map) |
+//! | `mcs_map_sync_failures_total` | counter | | service writes a sync could not make (e.g. a full map); a failing service counts on each retry |
 //! | `mcs_reconcile_duration_seconds` | histogram | | one controller pass (merge, compare, writes) |
 //! | `mcs_watch_restarts_total` | counter | cluster, resource | watch errors after which the watcher backed off and resumed or re-listed |
 //! | `mcs_conflicts` | gauge | reason | local ServiceExports whose `Conflict` is True, per reason |
@@ -168,7 +168,7 @@ impl Metrics {
         );
         registry.register(
             "mcs_map_sync_failures",
-            "Services a map sync could not write",
+            "Service writes a map sync could not make (a service refused again on each retry counts again)",
             m.map_sync_failures.clone(),
         );
         registry.register(
@@ -465,7 +465,15 @@ struct PinnedMaps {
 
 impl MapSource for PinnedMaps {
     fn read(&self) -> Option<MapReading> {
-        let maps = KernelMaps::open_pinned(&self.pin_dir.join("maps")).ok()?;
+        // A failed reading drops the map series until the next one works: say why, as the
+        // absent series alone would not.
+        let maps = match KernelMaps::open_pinned(&self.pin_dir.join("maps")) {
+            Ok(maps) => maps,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics: cannot open the pinned maps; map series left out");
+                return None;
+            }
+        };
         // The names are shared by a service's frontends.
         let names = Interner::new();
         let name = |bytes: &[u8]| names.intern(&name_from_bytes(bytes));
@@ -476,7 +484,13 @@ impl MapSource for PinnedMaps {
                 name(&n.port_name),
             )
         });
-        let read = maps.read_for_metrics(label).ok()?;
+        let read = match maps.read_for_metrics(label) {
+            Ok(read) => read,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics: cannot read the pinned maps; map series left out");
+                return None;
+            }
+        };
         let capacities = maps.capacities();
         let frontends = if self.frontend_rows {
             frontend_metrics(&read.contents, &read.labels)
