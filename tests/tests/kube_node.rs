@@ -254,6 +254,7 @@ fn node_role_follows_imported_slices_from_the_api() {
         &json!({"apiVersion": "about.k8s.io/v1alpha1", "kind": "ClusterProperty",
         "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": "east"}}),
     );
+    rt.block_on(east.stop());
 
     let dir = topo.dir.join("kube");
     std::fs::create_dir_all(&dir).expect("dir");
@@ -292,6 +293,22 @@ fn node_role_follows_imported_slices_from_the_api() {
         &[("KUBECONFIG", east_kubeconfig.to_str().expect("utf-8"))],
     )
     .expect("agent");
+
+    // The local cluster's id comes from its ClusterProperty, and east's API server is away:
+    // the agent waits for it, alive (the kubelet's probes see /healthz) but not ready.
+    wait_http(&mut agent, health_port, "/healthz", 200).expect("alive while waiting");
+    let (code, _) = http_get(health_port, "/readyz").expect("readyz");
+    assert_eq!(code, 503, "ready before it knows its cluster");
+    let deadline = Instant::now() + WAIT;
+    while !agent.log_text().contains("cannot read the ClusterProperty") {
+        assert!(
+            Instant::now() < deadline && agent.running(),
+            "{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    rt.block_on(east.resume()).expect("east is back");
 
     // The elected controller writes the import; its ClusterSet IP is the frontend.
     rt.block_on(east.wait_until(WAIT, "the import has an IP", |s| {

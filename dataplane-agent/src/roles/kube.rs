@@ -493,16 +493,16 @@ pub async fn run(
         .parent()
         .map(Path::to_owned)
         .unwrap_or_else(|| PathBuf::from("."));
-    let (local, members) = connect(&config, &config_dir, !roles.controller()).await?;
-    info!(local = %local, members = members.len(), identity = %options.identity, ?roles, "kubernetes mode");
-    // A controller-only agent has no maps to report.
-    // The node role's dataplane (a controller-only agent is given none).
+    // The node role's dataplane (a controller-only agent is given none, and has no maps to
+    // report).
     let loader = loader.filter(|_| roles.node());
     let metrics = Arc::new(Metrics::new(
         loader.as_ref().map(|l| l.pin_dir.clone()),
         options.frontend_metrics,
     ));
     let health = Arc::new(Health::default());
+    // Served before connecting: the agent waits there for the API server and the
+    // ClusterProperty as long as it takes, and the kubelet's probes must see it alive.
     let telemetry = serve_telemetry(
         options.metrics_address,
         options.health_address,
@@ -510,6 +510,8 @@ pub async fn run(
         &health,
     )
     .await?;
+    let (local, members) = connect(&config, &config_dir, !roles.controller()).await?;
+    info!(local = %local, members = members.len(), identity = %options.identity, ?roles, "kubernetes mode");
     let refresher = tokio::spawn(metrics.clone().refresh_maps_forever(MAP_REFRESH_EVERY));
 
     let mut dns_server = None;
