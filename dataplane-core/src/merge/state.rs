@@ -422,6 +422,8 @@ impl MergeState {
                             .filter(|(_, members)| members.contains_key(&c))
                             .map(|(s, _)| s.clone()),
                     );
+                    // A held import's Ready message names its withdrawn clusters.
+                    dirty.extend(held::naming(&self.held, &c));
                 }
             }
         }

@@ -641,7 +641,23 @@ mod incremental {
                 .iter()
                 .zip(&holds)
                 .filter(|(_, hold)| **hold)
-                .map(|(i, _)| (i.service.clone(), i.clone()))
+                .map(|(i, _)| {
+                    // As the controller holds them: with a status naming clusters, and a Ready
+                    // message that may carry an earlier withdrawal note.
+                    let mut i = i.clone();
+                    i.status = Some(Box::new(crate::model::ServiceImportStatus {
+                        clusters: (0..3)
+                            .map(|c| crate::model::ClusterStatus { cluster: cluster(c).to_string() })
+                            .collect(),
+                        conditions: vec![{
+                            let mut c = crate::merge::conditions::import_ready()
+                                .to_k8s(crate::merge::conditions::epoch());
+                            c.message.push_str(" Endpoints of cluster \"b\" are withdrawn: old.");
+                            c
+                        }],
+                    }));
+                    (i.service.clone(), i)
+                })
                 .collect();
             state.hold(held.values().cloned());
             state.load(&snapshots_of(&members, &names), &existing);
@@ -687,7 +703,8 @@ mod incremental {
                         MemberChange::Withdrawn(cluster(c), out)
                     }
                     Event::Release(i) => {
-                        let still: Vec<NamespacedName> = state.held().cloned().collect();
+                        let still: Vec<NamespacedName> =
+                            state.held().map(|i| i.service.clone()).collect();
                         let Some(s) = still.get(i % still.len().max(1)) else { continue };
                         state.release(&BTreeSet::from([s.clone()]), &mut dirty);
                         state.update(&dirty);
@@ -700,8 +717,7 @@ mod incremental {
 
             let incremental = state.output();
             let mut full = MergeState::new(cfg, c0);
-            let still: BTreeSet<&NamespacedName> = state.held().collect();
-            full.hold(held.values().filter(|i| still.contains(&i.service)).cloned());
+            full.hold(state.held().cloned());
             let mut ignored = BTreeSet::new();
             for c in &withdrawn {
                 full.apply(MemberChange::Withdrawn(c.clone(), true), &mut ignored);

@@ -167,15 +167,18 @@ impl MergeState {
         );
 
         // Held imports: one whose service the members make nothing of keeps its IPs from
-        // everyone else; one whose service they make something of is replaced for good.
+        // everyone else (a service they make something of asks for its IPs as any other).
         // Two held imports with one address (imports that were wrong already): the first in
         // order keeps it, the other is not held.
         for (draft, service) in drafts.iter().zip(batch) {
             let Some(import) = held.get(service) else {
                 continue;
             };
+            if draft.is_some() {
+                continue;
+            }
             let taken = |ip: &IpAddr| ip_owners.get(ip).is_some_and(|o| o != service);
-            if draft.is_some() || import.ips.iter().any(taken) {
+            if import.ips.iter().any(taken) {
                 held.remove(service);
             } else {
                 for ip in &import.ips {
@@ -183,7 +186,6 @@ impl MergeState {
                 }
             }
         }
-        let held = &*held;
 
         let requests: Vec<ips::Request<'_>> = drafts
             .iter()
@@ -256,6 +258,11 @@ impl MergeState {
                 for ip in &import.ips {
                     ip_owners.insert(*ip, service.clone());
                 }
+                // A held service keeps the merge's last import (and its IPs) to fall back on
+                // while the hold lasts.
+                if let Some(kept) = held.get_mut(service) {
+                    kept.clone_from(import);
+                }
                 for slice in slices {
                     slice.name = names.claim(
                         &service.namespace,
@@ -269,6 +276,7 @@ impl MergeState {
             named.push((service, u));
         }
 
+        let held = &*held;
         Ok(map_in_order(named, threads, |(service, u)| {
             let output = match u.merged {
                 Some((import, slices, refused)) => {
@@ -384,12 +392,18 @@ pub(super) fn withdrawn_note(
     withdrawn: &BTreeSet<ClusterId>,
     grace: Duration,
 ) {
-    if withdrawn.is_empty() {
-        return;
-    }
     let Some(status) = import.status.as_mut() else {
         return;
     };
+    // A held import's message may carry an earlier note: replaced (or dropped), not repeated.
+    for c in status.conditions.iter_mut().filter(|c| c.type_ == "Ready") {
+        if let Some(at) = c.message.find(WITHDRAWN_NOTE) {
+            c.message.truncate(at);
+        }
+    }
+    if withdrawn.is_empty() {
+        return;
+    }
     let gone: Vec<String> = status
         .clusters
         .iter()
@@ -400,10 +414,6 @@ pub(super) fn withdrawn_note(
         return;
     }
     for c in status.conditions.iter_mut().filter(|c| c.type_ == "Ready") {
-        // A held import's message may carry an earlier note: replaced, not repeated.
-        if let Some(at) = c.message.find(WITHDRAWN_NOTE) {
-            c.message.truncate(at);
-        }
         c.message = format!(
             "{}{WITHDRAWN_NOTE}{} are withdrawn: its API server has been unreachable \
              for longer than the grace period ({}s).",

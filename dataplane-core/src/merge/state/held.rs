@@ -4,18 +4,18 @@
 //! member's Services and exports. Merged without them, a service that member alone exports
 //! would lose its import, and its ClusterSet IP would go to the next new service; when the
 //! member came back, the service would get another IP, under clients that cached the old one.
-//! So the controller holds the imports that name such a member (their `status.clusters`):
-//! a held import is its service's output, as it was, for as long as no member makes anything
-//! of the service, and its IPs are nobody else's. Its slices are not held (the member's
-//! endpoints are withdrawn, as a running controller withdraws an unreachable member's).
+//! So the controller holds the imports that name such a member (their `status.clusters`)
+//! until it is heard from: while no member makes anything of a held service, its output is
+//! the held import and its IPs are nobody else's; while one does, the merge's import is the
+//! output and the one held (so that, should that member stop exporting it too, the service
+//! keeps its last import and IPs). Its slices are not held (the member's endpoints are
+//! withdrawn, as a running controller withdraws an unreachable member's).
 
 use super::*;
 
 impl MergeState {
     /// Holds `imports` (replacing any held before), from the next full merge
-    /// ([`MergeState::load`], [`MergeState::merge_all`]) on. A hold ends when a member makes
-    /// something of its service (the merge's import replaces it) or by
-    /// [`MergeState::release`].
+    /// ([`MergeState::load`], [`MergeState::merge_all`]) on, until [`MergeState::release`].
     pub fn hold(&mut self, imports: impl IntoIterator<Item = ImportRecord>) {
         self.held = imports
             .into_iter()
@@ -36,10 +36,24 @@ impl MergeState {
         }
     }
 
-    /// The services whose imports are held.
-    pub fn held(&self) -> impl Iterator<Item = &NamespacedName> {
-        self.held.keys()
+    /// The held imports (the merge's last import of each service it made one of).
+    pub fn held(&self) -> impl Iterator<Item = &ImportRecord> {
+        self.held.values()
     }
+}
+
+/// The held services whose imports name `cluster` among their clusters.
+pub(super) fn naming<'a>(
+    held: &'a HashMap<NamespacedName, ImportRecord>,
+    cluster: &'a ClusterId,
+) -> impl Iterator<Item = NamespacedName> + 'a {
+    held.iter()
+        .filter(|(_, i)| {
+            (i.status.iter())
+                .flat_map(|s| &s.clusters)
+                .any(|c| c.cluster == cluster.as_str())
+        })
+        .map(|(s, _)| s.clone())
 }
 
 /// What a held import is output as: itself, its `Ready` message saying which of its clusters

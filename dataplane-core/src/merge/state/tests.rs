@@ -481,9 +481,10 @@ fn a_slice_id_given_twice_for_two_services_is_one_slice() {
 
 /// A controller that never heard from member `b` holds `b`'s import of `app`: through a full
 /// merge and updates it keeps its IP, which no other service gets (the CIDR has room for one
-/// more import: `api` gets it, `new` waits); its slices are not held. When `b` is heard from
-/// again and exports `app`, the merge's import takes the same IP; a released hold whose
-/// service nobody exports ends the import and frees the IP.
+/// more import: `api` gets it, `new` waits); its slices are not held. When `b` exports `app`,
+/// the merge's import takes the same IP and is what is held from then on; when it stops, the
+/// import stays; a released hold whose service nobody exports ends the import and frees the
+/// IP.
 #[test]
 fn a_held_import_keeps_its_ip_until_its_member_is_back() {
     let names = Interner::new();
@@ -532,26 +533,32 @@ fn a_held_import_keeps_its_ip_until_its_member_is_back() {
     apply_all(&mut state, exporting_at("a", "new", &["10.0.0.9"], &names));
     assert_eq!(ips(&state), expected);
 
-    // b is back and exports app: the merge's import, with the held IP, and b's endpoints.
+    // b exports app: the merge's import, with the held IP, and b's endpoints; it is also
+    // what is held now.
     apply_all(&mut state, exporting("b", "app", &names));
     assert_eq!(ips(&state), expected);
-    assert_eq!(
-        state.held().count(),
-        0,
-        "the merge's import replaced the hold"
-    );
     assert_eq!(state.service(&app).map(|o| o.slices.len()), Some(1));
+    let merged = state.service(&app).and_then(|o| o.import()).cloned();
+    assert_eq!(
+        state.held().next(),
+        merged.as_ref(),
+        "the hold follows the merge"
+    );
 
-    // Held again, then released while nobody exports app: the import goes, new gets the IP.
-    state.hold([held("10.9.0.2")]);
+    // b stops exporting app while the hold lasts: app keeps its last import and IP, through
+    // updates and a full merge; released, the import goes and new gets the IP.
     let mut dirty = BTreeSet::new();
     state.apply(
         MemberChange::ExportDeleted(ClusterId::new("b").expect("id"), app.clone()),
         &mut dirty,
     );
+    state.update(&dirty);
+    assert_eq!(ips(&state), expected, "held after the export went");
+    assert!(state.service(&app).is_some_and(|o| o.slices.is_empty()));
     let current: Vec<ImportRecord> = state.imports().cloned().collect();
     state.merge_all(&current);
     assert_eq!(ips(&state), expected, "held through a full merge");
+    let mut dirty = BTreeSet::new();
     state.release(&BTreeSet::from([app.clone()]), &mut dirty);
     state.update(&dirty);
     let freed = vec![
