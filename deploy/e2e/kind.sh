@@ -86,10 +86,16 @@ EOF
   done
 }
 
+# Whether the read-only identity's token Secret of cluster $1 holds its token yet (the Secret
+# exists before the token controller fills it).
+reader_token_ready() {
+  test -n "$(kc "$1" -n mcs-system get secret mcs-dataplane-remote-reader -o jsonpath='{.data.token}' 2>/dev/null)"
+}
+
 # A kubeconfig for the read-only identity of cluster $1, addressed from inside the other cluster.
 reader_kubeconfig() {
   local c="$1" token ca
-  retry 60 kc "$c" -n mcs-system get secret mcs-dataplane-remote-reader -o jsonpath='{.data.token}' >/dev/null
+  retry 60 reader_token_ready "$c"
   token="$(kc "$c" -n mcs-system get secret mcs-dataplane-remote-reader -o jsonpath='{.data.token}' | base64 -d)"
   ca="$(kc "$c" -n mcs-system get secret mcs-dataplane-remote-reader -o jsonpath='{.data.ca\.crt}')"
   cat <<EOF
@@ -184,7 +190,7 @@ secretGenerator:
   - ${o}.kubeconfig
 images:
 - name: mcs-dataplane
-  newName: ${IMAGE%%:*}
+  newName: ${IMAGE%:*}
   newTag: ${IMAGE##*:}
 EOF
     # CRDs first, so the rest of the kustomization (and the policy) resolve.
