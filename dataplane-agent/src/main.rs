@@ -25,9 +25,12 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // Once, on stderr: a JSON log line where logs are parsed, else plain text.
+            // (Unless RUST_LOG filters errors out: then as text all the same.)
             match log_format {
-                telemetry::LogFormat::Json => tracing::error!("{}", error_text(&e)),
-                telemetry::LogFormat::Text => eprintln!("error: {}", error_text(&e)),
+                telemetry::LogFormat::Json if tracing::enabled!(tracing::Level::ERROR) => {
+                    tracing::error!("{}", error_text(&e))
+                }
+                _ => eprintln!("error: {}", error_text(&e)),
             }
             std::process::ExitCode::FAILURE
         }
@@ -161,7 +164,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Uninstall(args) => {
-            let done = match loader::uninstall(&args.pin_dir) {
+            let done = match loader::uninstall_every_version(&args.pin_dir) {
                 Err(e @ loader::LoadError::Busy(_)) => {
                     return Err(anyhow::Error::new(e)
                         .context("an agent is running on this pin directory; stop it first"));

@@ -30,6 +30,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # refuses an overlay inside its base, and at a fixed depth for the relative base path below.
 WORK="${ROOT}/target/e2e-kind"
 IMAGE="${IMAGE:-mcs-dataplane:e2e}"
+# A tag is what follows the last ':' after the last '/' (a registry's port is not a tag).
+if [[ "${IMAGE##*/}" == *:* ]]; then IMAGE_NAME="${IMAGE%:*}" IMAGE_TAG="${IMAGE##*:}"
+else IMAGE_NAME="${IMAGE}" IMAGE_TAG=latest; fi
 MCS_API_REF="${MCS_API_REF:-main}"
 CONFORMANCE_LABELS="${CONFORMANCE_LABELS-!DNS && !Connectivity}"
 CLUSTERS=(east west)
@@ -190,8 +193,8 @@ secretGenerator:
   - ${o}.kubeconfig
 images:
 - name: mcs-dataplane
-  newName: ${IMAGE%:*}
-  newTag: ${IMAGE##*:}
+  newName: ${IMAGE_NAME}
+  newTag: ${IMAGE_TAG}
 EOF
     # CRDs first, so the rest of the kustomization (and the policy) resolve.
     kc "$c" apply -f "${ROOT}/deploy/crds/"

@@ -74,3 +74,28 @@ fn zero_map_sizes_are_refused_by_name() {
         );
     }
 }
+
+/// Under `--log-format json` the error is a JSON log line; when RUST_LOG filters errors out
+/// it is printed all the same.
+#[test]
+fn a_fatal_error_is_printed_whatever_the_log_filter() {
+    let args = [
+        "--log-format",
+        "json",
+        "run",
+        "--clusterset-dir",
+        "/nonexistent/x",
+    ];
+    let (ok, err) = agent(&args, &[]);
+    assert!(!ok);
+    assert!(
+        err.starts_with('{') && err.contains(r#""level":"ERROR""#),
+        "{err}"
+    );
+    let (ok, err) = agent(&args, &[("RUST_LOG", "off")]);
+    assert!(!ok);
+    assert!(
+        err.contains("error: reading the clusterset directory"),
+        "{err}"
+    );
+}

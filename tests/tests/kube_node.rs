@@ -508,10 +508,14 @@ fn node_only_role_routes_seeded_imports() {
         &telemetry[2],
         &telemetry[3],
     ];
+    // In a pod (KUBERNETES_SERVICE_HOST is set; the credentials then come from KUBECONFIG).
     let mut agent = Agent::start_with_env(
         &topo,
         &args,
-        &[("KUBECONFIG", east_kubeconfig.to_str().expect("utf-8"))],
+        &[
+            ("KUBECONFIG", east_kubeconfig.to_str().expect("utf-8")),
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
+        ],
     )
     .expect("agent");
     // Ready after the first sync.

@@ -652,8 +652,12 @@ fn remove_links_in(dir: &Path) -> usize {
                     removed += 1;
                 }
             }
+            // Without bpf(2) (no CAP_BPF, as in deploy/uninstall/), the pin is removed as a
+            // file: the link goes with its last reference all the same.
             Err(_) => {
-                let _ = fs::remove_file(&path);
+                if fs::remove_file(&path).is_ok() {
+                    removed += 1;
+                }
             }
         }
     }
@@ -665,6 +669,37 @@ fn remove_links_in(dir: &Path) -> usize {
 pub struct Uninstalled {
     pub links: usize,
     pub maps: usize,
+}
+
+/// [`uninstall`] of `pin_dir` and, when it is a versioned layout directory (`.../v<N>`, the
+/// default), of every other layout version beside it: an older agent's pins, or a newer one's
+/// when this binary is older than the agent it cleans up after.
+pub fn uninstall_every_version(pin_dir: &Path) -> Result<Uninstalled, LoadError> {
+    let versioned = |p: &Path| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix('v'))
+            .is_some_and(|v| v.parse::<u32>().is_ok())
+    };
+    let Some(root) = pin_dir.parent().filter(|_| versioned(pin_dir)) else {
+        return uninstall(pin_dir);
+    };
+    let mut dirs: Vec<PathBuf> = fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| versioned(p) && p != pin_dir)
+        .collect();
+    dirs.sort();
+    dirs.push(pin_dir.to_owned());
+    let mut done = Uninstalled::default();
+    for dir in dirs {
+        let one = uninstall(&dir)?;
+        done.links += one.links;
+        done.maps += one.maps;
+    }
+    Ok(done)
 }
 
 /// Detaches every pinned link and removes the pins and the pin directory. The maps are freed
@@ -711,4 +746,32 @@ pub fn uninstall(pin_dir: &Path) -> Result<Uninstalled, LoadError> {
         let _ = fs::remove_dir(parent);
     }
     Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With a versioned pin directory, every layout version beside it goes too (their pins
+    /// counted), and nothing else; a second run finds nothing.
+    #[test]
+    fn uninstall_removes_every_layout_version_and_nothing_else() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let touch = |p: &str| {
+            let path = root.path().join(p);
+            fs::create_dir_all(path.parent().expect("parent")).expect("dir");
+            fs::write(path, b"").expect("file");
+        };
+        touch("v1/links/cgroup/connect4");
+        touch("v1/maps/MCS_FE4");
+        touch("v6/maps/MCS_FE4");
+        touch("v6/maps/MCS_SLOTS");
+        touch("other/keep");
+        let done = uninstall_every_version(&root.path().join("v6")).expect("uninstall");
+        assert_eq!(done, Uninstalled { links: 1, maps: 3 });
+        assert!(!root.path().join("v1").exists() && !root.path().join("v6").exists());
+        assert!(root.path().join("other/keep").exists());
+        let again = uninstall_every_version(&root.path().join("v6")).expect("again");
+        assert_eq!(again, Uninstalled::default());
+    }
 }

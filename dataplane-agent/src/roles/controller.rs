@@ -704,7 +704,12 @@ pub async fn run_elected(
             }
             (false, true) => {
                 info!(identity = %settings.identity, "lost the controller lease; stopping the controller");
-                running = None;
+                // Cleared once the task has really stopped: a pass still running until its
+                // next await could set them again.
+                if let Some(mut task) = running.take() {
+                    task.0.abort();
+                    let _ = (&mut task.0).await;
+                }
                 metrics.clear_controller_gauges();
             }
             _ => {}

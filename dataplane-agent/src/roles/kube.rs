@@ -306,9 +306,14 @@ pub async fn connect(
         }
         let client = match &member.kubeconfig {
             // One file for every cluster lists each cluster's kubeconfig, and each cluster's
-            // Secret holds the others' only (the node pods mount none): the local member's
-            // missing kubeconfig means the pod's own credentials.
-            Some(path) if member.id == local && !config_dir.join(path).exists() => {
+            // Secret holds the others' only (the node pods mount none): in a pod, the local
+            // member's missing kubeconfig means the pod's own credentials. Elsewhere a
+            // missing file is an error (not whatever the current context is).
+            Some(path)
+                if member.id == local
+                    && !config_dir.join(path).exists()
+                    && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() =>
+            {
                 info!(cluster = %local, path = %config_dir.join(path).display(),
                     "the local member's kubeconfig is not here; using the pod's own credentials");
                 let own = Member {

@@ -24,7 +24,7 @@ use std::{
     time::Duration,
 };
 
-use futures::StreamExt as _;
+use futures::{StreamExt as _, TryStreamExt as _};
 use kube::{
     Api, Client, Resource,
     api::ListParams,
@@ -188,7 +188,7 @@ async fn probe(
 #[derive(Clone, Debug)]
 struct WatchBackoff {
     next: Duration,
-    /// Set by the watch's consumer when the API server answered: kube-runtime resets the
+    /// Set when the API server answered (any event but `Init`): kube-runtime resets the
     /// backoff on every event, `Init` included, which each retry sends before its request,
     /// so a list that keeps failing would otherwise be retried every 250 ms for ever.
     answered: Arc<AtomicBool>,
@@ -314,8 +314,17 @@ async fn forward<K, T, E>(
         changed,
         names,
     } = report;
+    // Set as each event leaves the watcher, before the backoff sees it: the backoff resets on
+    // that same event.
     let answered_flag = Arc::new(AtomicBool::new(false));
-    let stream = watcher(api, config).backoff(WatchBackoff::new(answered_flag.clone()));
+    let flag = answered_flag.clone();
+    let stream = watcher(api, config)
+        .inspect_ok(move |event| {
+            if !matches!(event, watcher::Event::Init) {
+                flag.store(true, Ordering::Release);
+            }
+        })
+        .backoff(WatchBackoff::new(answered_flag));
     futures::pin_mut!(stream);
     // The objects of a list in progress (between Init and InitDone).
     let mut listing: Vec<T> = Vec::new();
@@ -333,9 +342,6 @@ async fn forward<K, T, E>(
         // `Init` starts each (re)list before any request is made: only what the API server
         // sent shows that the watch works.
         let answered = matches!(&event, Ok(e) if !matches!(e, watcher::Event::Init));
-        if answered {
-            answered_flag.store(true, Ordering::Release);
-        }
         if answered && health.failing.record(true) {
             info!(cluster = %cluster, resource, "watch works again");
             wake();
