@@ -164,7 +164,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Uninstall(args) => {
-            let done = match loader::uninstall_every_version(&args.pin_dir) {
+            let own_root = loader::default_pin_dir();
+            let own_root = own_root.parent().unwrap_or(std::path::Path::new("/"));
+            let done = match loader::uninstall_every_version(&args.pin_dir, own_root) {
                 Err(e @ loader::LoadError::Busy(_)) => {
                     return Err(anyhow::Error::new(e)
                         .context("an agent is running on this pin directory; stop it first"));

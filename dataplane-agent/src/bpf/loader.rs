@@ -671,19 +671,21 @@ pub struct Uninstalled {
     pub maps: usize,
 }
 
-/// [`uninstall`] of `pin_dir` and, when it is a versioned layout directory (`.../v<N>`, the
-/// default), of every other layout version beside it: an older agent's pins, or a newer one's
-/// when this binary is older than the agent it cleans up after.
-pub fn uninstall_every_version(pin_dir: &Path) -> Result<Uninstalled, LoadError> {
+/// [`uninstall`] of `pin_dir` and, when it is a layout directory (`v<N>`) of the agent's own
+/// root (`root`: the default's parent), of every other layout version there: an older
+/// agent's pins, or a newer one's when this binary is older than the agent it cleans up
+/// after. Any other directory is uninstalled alone (a `v<N>` beside a custom pin directory
+/// may be another program's).
+pub fn uninstall_every_version(pin_dir: &Path, root: &Path) -> Result<Uninstalled, LoadError> {
     let versioned = |p: &Path| {
         p.file_name()
             .and_then(|n| n.to_str())
             .and_then(|n| n.strip_prefix('v'))
             .is_some_and(|v| v.parse::<u32>().is_ok())
     };
-    let Some(root) = pin_dir.parent().filter(|_| versioned(pin_dir)) else {
+    if !(versioned(pin_dir) && pin_dir.parent() == Some(root)) {
         return uninstall(pin_dir);
-    };
+    }
     let mut dirs: Vec<PathBuf> = fs::read_dir(root)
         .into_iter()
         .flatten()
@@ -767,11 +769,18 @@ mod tests {
         touch("v6/maps/MCS_FE4");
         touch("v6/maps/MCS_SLOTS");
         touch("other/keep");
-        let done = uninstall_every_version(&root.path().join("v6")).expect("uninstall");
+        touch("v6/maps/MCS_SLOTS2");
+        // Elsewhere than the agent's root, a v<N> directory is uninstalled alone.
+        let elsewhere = uninstall_every_version(&root.path().join("v6"), Path::new("/nowhere"));
+        assert_eq!(elsewhere.expect("alone"), Uninstalled { links: 0, maps: 3 });
+        assert!(root.path().join("v1").exists());
+        touch("v6/maps/MCS_FE4");
+        touch("v6/maps/MCS_SLOTS");
+        let done = uninstall_every_version(&root.path().join("v6"), root.path()).expect("all");
         assert_eq!(done, Uninstalled { links: 1, maps: 3 });
         assert!(!root.path().join("v1").exists() && !root.path().join("v6").exists());
         assert!(root.path().join("other/keep").exists());
-        let again = uninstall_every_version(&root.path().join("v6")).expect("again");
+        let again = uninstall_every_version(&root.path().join("v6"), root.path()).expect("again");
         assert_eq!(again, Uninstalled::default());
     }
 }
