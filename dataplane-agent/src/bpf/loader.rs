@@ -681,25 +681,30 @@ pub fn uninstall_every_version(pin_dir: &Path, root: &Path) -> Result<Uninstalle
         p.file_name()
             .and_then(|n| n.to_str())
             .and_then(|n| n.strip_prefix('v'))
-            .is_some_and(|v| v.parse::<u32>().is_ok())
+            .is_some_and(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
     };
+    // The requested directory first: refused (an agent runs on it), nothing else is touched.
+    let mut done = uninstall(pin_dir)?;
     if !(versioned(pin_dir) && pin_dir.parent() == Some(root)) {
-        return uninstall(pin_dir);
+        return Ok(done);
     }
-    let mut dirs: Vec<PathBuf> = fs::read_dir(root)
+    let others = fs::read_dir(root)
         .into_iter()
         .flatten()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| versioned(p) && p != pin_dir)
-        .collect();
-    dirs.sort();
-    dirs.push(pin_dir.to_owned());
-    let mut done = Uninstalled::default();
-    for dir in dirs {
-        let one = uninstall(&dir)?;
-        done.links += one.links;
-        done.maps += one.maps;
+        .filter(|p| versioned(p) && p != pin_dir);
+    // Each on its own: one that cannot go now (its agent still stopping) leaves the others.
+    for dir in others {
+        match uninstall(&dir) {
+            Ok(one) => {
+                done.links += one.links;
+                done.maps += one.maps;
+            }
+            Err(e) => {
+                warn!(dir = %dir.display(), error = %e, "cannot uninstall this layout version")
+            }
+        }
     }
     Ok(done)
 }

@@ -681,6 +681,16 @@ fn next_deadline(
         .min()
 }
 
+/// Stops the controller task, if any, and drops its gauges once it has really stopped (a pass
+/// still running until its next await could set them again).
+async fn stop(running: Option<AbortOnDrop>, metrics: &Metrics) {
+    if let Some(mut task) = running {
+        task.0.abort();
+        let _ = (&mut task.0).await;
+        metrics.clear_controller_gauges();
+    }
+}
+
 /// Runs the controller while `leader` says this agent holds the lease, and stops it (dropping
 /// its watches) as soon as it does not. Returns when `leader` closes.
 pub async fn run_elected(
@@ -704,18 +714,13 @@ pub async fn run_elected(
             }
             (false, true) => {
                 info!(identity = %settings.identity, "lost the controller lease; stopping the controller");
-                // Cleared once the task has really stopped: a pass still running until its
-                // next await could set them again.
-                if let Some(mut task) = running.take() {
-                    task.0.abort();
-                    let _ = (&mut task.0).await;
-                }
-                metrics.clear_controller_gauges();
+                stop(running.take(), &metrics).await;
             }
             _ => {}
         }
         if leader.changed().await.is_err() {
             metrics.leader.set(0);
+            stop(running.take(), &metrics).await;
             return;
         }
     }
