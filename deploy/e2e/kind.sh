@@ -30,9 +30,11 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # refuses an overlay inside its base, and at a fixed depth for the relative base path below.
 WORK="${ROOT}/target/e2e-kind"
 IMAGE="${IMAGE:-mcs-dataplane:e2e}"
-# A tag is what follows the last ':' after the last '/' (a registry's port is not a tag).
-if [[ "${IMAGE##*/}" == *:* ]]; then IMAGE_NAME="${IMAGE%:*}" IMAGE_TAG="${IMAGE##*:}"
-else IMAGE_NAME="${IMAGE}" IMAGE_TAG=latest; fi
+# name@digest, or name[:tag] where a tag follows the last ':' after the last '/' (a
+# registry's port is not a tag).
+if [[ "${IMAGE}" == *@* ]]; then IMAGE_NAME="${IMAGE%@*}" IMAGE_REF="digest: ${IMAGE#*@}"
+elif [[ "${IMAGE##*/}" == *:* ]]; then IMAGE_NAME="${IMAGE%:*}" IMAGE_REF="newTag: ${IMAGE##*:}"
+else IMAGE_NAME="${IMAGE}" IMAGE_REF="newTag: latest"; fi
 MCS_API_REF="${MCS_API_REF:-main}"
 CONFORMANCE_LABELS="${CONFORMANCE_LABELS-!DNS && !Connectivity}"
 CLUSTERS=(east west)
@@ -194,7 +196,7 @@ secretGenerator:
 images:
 - name: mcs-dataplane
   newName: ${IMAGE_NAME}
-  newTag: ${IMAGE_TAG}
+  ${IMAGE_REF}
 EOF
     # CRDs first, so the rest of the kustomization (and the policy) resolve.
     kc "$c" apply -f "${ROOT}/deploy/crds/"
