@@ -5,7 +5,7 @@
 //! | `mcs_frontend_translations_total` | counter | namespace, name, port_name, ip, port, protocol | connects/datagrams sent to a backend (from the map counters; these three only with `--frontend-metrics`) |
 //! | `mcs_frontend_rejects_total` | counter | same | connects refused (undeclared port, no backend) |
 //! | `mcs_frontend_affinity_hits_total` | counter | same | session-affinity hits |
-//! | `mcs_map_entries` / `mcs_map_capacity` | gauge | map | entries in use and `max_entries` of each pinned map |
+//! | `mcs_map_entries` / `mcs_map_capacity` | gauge | map | entries in use and `max_entries` of each map the agent writes |
 //! | `mcs_map_sync_duration_seconds` | histogram | | one sync of the node's maps |
 //! | `mcs_map_sync_failures_total` | counter | | service writes a sync could not make (e.g. a full map); a failing service counts on each retry |
 //! | `mcs_reconcile_duration_seconds` | histogram | | one controller pass (merge, compare, writes) |
@@ -590,12 +590,14 @@ impl Collector for MapCollector {
         let gauges: [(&str, &str, Fill); 2] = [
             (
                 "mcs_map_entries",
-                "Entries in use in each pinned map",
+                "Entries in use in each map the agent writes",
                 |m| m.1,
             ),
-            ("mcs_map_capacity", "max_entries of each pinned map", |m| {
-                m.2
-            }),
+            (
+                "mcs_map_capacity",
+                "max_entries of each map the agent writes",
+                |m| m.2,
+            ),
         ];
         for (name, help, pick) in gauges {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
