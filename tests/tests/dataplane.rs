@@ -576,6 +576,22 @@ fn client_ip_affinity_sticks_and_no_affinity_spreads() {
         row.affinity_hits, 49,
         "every connect after the first is an affinity hit"
     );
+
+    // The metrics' count of affinity matches (batched) is the map's number of keys.
+    let maps_dir = topo.pin_dir.join("maps");
+    let data = MapData::from_pin(maps_dir.join(map_names::AFFINITY_MATCH)).unwrap();
+    let keys = aya::maps::HashMap::<_, dataplane_ebpf::AffinityMatchKey, u32>::try_from(
+        Map::HashMap(data),
+    )
+    .unwrap()
+    .keys()
+    .count();
+    let maps = dataplane_agent::bpf::kernel::KernelMaps::open_pinned(&maps_dir).unwrap();
+    let read = maps
+        .read_for_metrics(None::<fn(&dataplane_ebpf::FrontendName)>)
+        .unwrap();
+    assert!(keys > 0);
+    assert_eq!(read.affinity_matches, keys);
 }
 
 /// 7: the agent is killed with SIGKILL while a client runs 1000 connects: every connect

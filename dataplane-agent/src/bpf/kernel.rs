@@ -382,17 +382,23 @@ impl KernelMaps {
         })
     }
 
-    /// The entries of the affinity-match map: up to 2 million keys, counted (and capped at
-    /// its capacity) rather than collected.
+    /// The entries of the affinity-match map: up to 2 million keys, counted in batches of
+    /// 4,096 (a key-by-key walk took a syscall per key on every metrics reading), and capped
+    /// at its capacity.
     fn count_affinity_matches(&self) -> Result<usize, KernelMapError> {
-        let mut n = 0;
-        for key in self.affinity_match.keys() {
-            key.map_err(|source| KernelMapError::Read {
-                name: map_names::AFFINITY_MATCH,
-                source,
-            })?;
-            n += 1;
-        }
+        let n = batch::count_hash(
+            &self.affinity_match.map().fd().as_fd(),
+            size_of::<AffinityMatchKey>(),
+            size_of::<u32>(),
+            4096,
+        )
+        .map_err(|io_error| KernelMapError::Read {
+            name: map_names::AFFINITY_MATCH,
+            source: aya::maps::MapError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_map_lookup_batch",
+                io_error,
+            }),
+        })?;
         Ok(n.min(self.capacities().of(MapKind::AffinityMatch) as usize))
     }
 

@@ -152,6 +152,45 @@ pub fn lookup_array(
     Ok(filled)
 }
 
+/// The entries of a hash map, counted with `BPF_MAP_LOOKUP_BATCH`, `chunk` at a time: one
+/// syscall per chunk where walking the keys takes one per key.
+pub fn count_hash(
+    fd: &impl AsRawFd,
+    key_size: usize,
+    value_size: usize,
+    chunk: u32,
+) -> io::Result<usize> {
+    let mut keys = vec![0u8; key_size * chunk as usize];
+    let mut values = vec![0u8; value_size * chunk as usize];
+    // A hash map's batch position is an opaque bucket index (4 bytes; room for 8).
+    let (mut position, mut next) = (0u64, 0u64);
+    let mut total = 0usize;
+    for first in std::iter::once(true).chain(std::iter::repeat(false)) {
+        let mut attr = BatchAttr {
+            in_batch: if first {
+                0
+            } else {
+                &mut position as *mut u64 as u64
+            },
+            out_batch: &mut next as *mut u64 as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: chunk,
+            map_fd: fd.as_raw_fd() as u32,
+            ..Default::default()
+        };
+        let (filled, err) = batch(BPF_MAP_LOOKUP_BATCH, &mut attr);
+        total += filled as usize;
+        match err {
+            None => position = next,
+            // The end of the map: `filled` are the last ones.
+            Some(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
+            Some(e) => return Err(e),
+        }
+    }
+    Ok(total)
+}
+
 /// The bytes of plain-data values, as the kernel reads them.
 pub fn bytes_of<T: aya::Pod>(items: &[T]) -> &[u8] {
     // SAFETY: `T: Pod` is `#[repr(C)]` plain data without padding holes (the ABI types are
