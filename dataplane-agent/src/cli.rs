@@ -213,9 +213,9 @@ pub struct NodeArgs {
 }
 
 /// `run`: exactly one of `--clusterset-dir` (standalone) or `--config` (Kubernetes mode).
-/// The Kubernetes-mode flags do not conflict with `--clusterset-dir`: clap counts a value from
-/// the environment as given, and the manifests set `POD_NAME` and `POD_NAMESPACE` for every pod.
-/// Standalone mode ignores them.
+/// The Kubernetes-mode flags do not conflict with `--clusterset-dir` in clap: it counts a value
+/// from the environment as given, and the manifests set `POD_NAME` and `POD_NAMESPACE` for
+/// every pod. Given on the command line, they are refused by [`standalone_misused_flags`].
 #[derive(Args, Debug)]
 #[command(group(
     clap::ArgGroup::new("source")
@@ -339,4 +339,28 @@ pub struct InspectArgs {
     pub json: bool,
     #[command(flatten)]
     pub pin: PinDirArg,
+}
+
+/// The Kubernetes-mode flags of `run` given on the command line together with
+/// `--clusterset-dir` (standalone ignores them; from the environment they are fine).
+pub fn standalone_misused_flags(matches: &clap::ArgMatches) -> Vec<String> {
+    let Some(("run", run)) = matches.subcommand() else {
+        return Vec::new();
+    };
+    if run.value_source("clusterset_dir").is_none() {
+        return Vec::new();
+    }
+    let kube_only = [
+        "identity",
+        "lease_namespace",
+        "roles",
+        "metrics_address",
+        "frontend_metrics",
+        "health_address",
+    ];
+    kube_only
+        .into_iter()
+        .filter(|id| run.value_source(id) == Some(clap::parser::ValueSource::CommandLine))
+        .map(|id| format!("--{}", id.replace('_', "-")))
+        .collect()
 }

@@ -1,5 +1,5 @@
 use anyhow::Context as _;
-use clap::Parser as _;
+use clap::{CommandFactory as _, FromArgMatches as _};
 use dataplane_agent::{
     bpf::{inspect, loader},
     cli::{self, Cli, Command},
@@ -18,7 +18,20 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     dataplane_agent::memory::configure();
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let misused = cli::standalone_misused_flags(&matches);
+    if !misused.is_empty() {
+        Cli::command()
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!(
+                    "{}: Kubernetes mode only (--config), not with --clusterset-dir",
+                    misused.join(", ")
+                ),
+            )
+            .exit();
+    }
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let log_format = cli.log_format;
     telemetry::init(log_format);
     match run(cli) {

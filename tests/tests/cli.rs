@@ -99,3 +99,28 @@ fn a_fatal_error_is_printed_whatever_the_log_filter() {
         "{err}"
     );
 }
+
+/// Kubernetes-mode flags typed with `run --clusterset-dir` are refused by name (their
+/// environment variables are not: see above).
+#[test]
+fn kubernetes_flags_on_the_command_line_are_refused_in_standalone() {
+    let (ok, err) = agent(
+        &[
+            "run",
+            "--clusterset-dir",
+            "/nonexistent/x",
+            "--roles",
+            "controller",
+            "--identity",
+            "a",
+        ],
+        &[],
+    );
+    assert!(!ok);
+    assert!(
+        err.contains(
+            "error: --identity, --roles: Kubernetes mode only (--config), not with --clusterset-dir"
+        ),
+        "{err}"
+    );
+}
