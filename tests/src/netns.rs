@@ -415,6 +415,23 @@ impl Topology {
     }
 
     /// Runs `mcs-probe` in the client namespace and cgroup and returns its attempts.
+    /// The programs attached to the test's cgroup (`bpftool cgroup show`), by name.
+    pub fn attached_programs(&self) -> std::collections::BTreeMap<String, usize> {
+        let json = sh(
+            "bpftool",
+            &["-j", "cgroup", "show", &self.cgroup.to_string_lossy()],
+        )
+        .expect("bpftool cgroup show");
+        let progs: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap_or_default();
+        let mut out = std::collections::BTreeMap::new();
+        for p in progs {
+            if let Some(name) = p["name"].as_str() {
+                *out.entry(name.to_owned()).or_default() += 1;
+            }
+        }
+        out
+    }
+
     pub fn probe(
         &self,
         mode: &str,

@@ -929,23 +929,6 @@ fn a_second_agent_on_the_same_pin_directory_is_refused() {
     assert!(all_ok(&ok), "{ok:?}");
 }
 
-/// The programs attached to the topology's cgroup, by name (bpftool's view).
-fn attached(topo: &Topology) -> BTreeMap<String, usize> {
-    let json = tests::netns::sh(
-        "bpftool",
-        &["-j", "cgroup", "show", topo.cgroup.to_str().unwrap()],
-    )
-    .unwrap();
-    let progs: Vec<serde_json::Value> = serde_json::from_str(&json).unwrap_or_default();
-    let mut out = BTreeMap::new();
-    for p in progs {
-        if let Some(name) = p["name"].as_str() {
-            *out.entry(name.to_owned()).or_default() += 1;
-        }
-    }
-    out
-}
-
 /// A pin directory that holds an older layout's counters map (v4's per-CPU array, left by an
 /// older agent in a pin directory without the version in its path) is refused before any
 /// program is attached, and the error says how to clear it.
@@ -994,9 +977,9 @@ fn a_pinned_counters_map_of_an_older_layout_is_refused_before_attaching() {
         "{log}"
     );
     assert!(
-        attached(&topo).is_empty(),
+        topo.attached_programs().is_empty(),
         "attached: {:?}",
-        attached(&topo)
+        topo.attached_programs()
     );
 }
 
@@ -1023,7 +1006,7 @@ fn an_upgrade_detaches_the_links_of_older_layout_versions() {
     })
     .unwrap();
     old.kill(libc::SIGKILL);
-    assert_eq!(attached(&topo).get("connect4"), Some(&1));
+    assert_eq!(topo.attached_programs().get("connect4"), Some(&1));
 
     let mut new = Agent::start_in(&topo, &new_dir, &args, &[]).unwrap();
     new.wait_for("the new layout's agent", SYNC_TIMEOUT, |i| {
@@ -1036,7 +1019,7 @@ fn an_upgrade_detaches_the_links_of_older_layout_versions() {
         "{log}"
     );
     assert!(!old_dir.exists(), "the old layout's pins are gone");
-    let progs = attached(&topo);
+    let progs = topo.attached_programs();
     assert_eq!(progs.get("connect4"), Some(&1), "{progs:?}");
     assert_eq!(progs.values().sum::<usize>(), 9, "{progs:?}");
     let ok = topo

@@ -10,18 +10,6 @@ use tests::{
     require_root,
 };
 
-/// The programs attached to the test's cgroup (bpftool), by count.
-fn attached_programs(topo: &Topology) -> usize {
-    let json = tests::netns::sh(
-        "bpftool",
-        &["-j", "cgroup", "show", topo.cgroup.to_str().unwrap()],
-    )
-    .unwrap();
-    serde_json::from_str::<Vec<serde_json::Value>>(&json)
-        .unwrap_or_default()
-        .len()
-}
-
 fn uninstall(topo: &Topology) -> (bool, String) {
     let out = Command::new(agent_bin())
         .args(["uninstall", "--pin-dir", topo.pin_dir.to_str().unwrap()])
@@ -52,7 +40,7 @@ fn uninstall_waits_for_the_agent_then_removes_everything_and_is_idempotent() {
             frontend(i, "241.0.0.80", 80, "TCP").is_some()
         })
         .unwrap();
-    let programs = attached_programs(&topo);
+    let programs = topo.attached_programs().values().sum::<usize>();
     assert!(programs > 0);
 
     let (ok, text) = uninstall(&topo);
@@ -62,13 +50,13 @@ fn uninstall_waits_for_the_agent_then_removes_everything_and_is_idempotent() {
         "{text}"
     );
     assert!(topo.pin_dir.join("maps").exists(), "nothing was removed");
-    assert_eq!(attached_programs(&topo), programs);
+    assert_eq!(topo.attached_programs().values().sum::<usize>(), programs);
     assert!(agent.running());
 
     // The agent stops and leaves the dataplane in place; uninstall then removes it.
     agent.kill(libc::SIGTERM);
     assert_eq!(
-        attached_programs(&topo),
+        topo.attached_programs().values().sum::<usize>(),
         programs,
         "the dataplane stays after SIGTERM"
     );
@@ -76,7 +64,11 @@ fn uninstall_waits_for_the_agent_then_removes_everything_and_is_idempotent() {
     assert!(ok, "{text}");
     assert!(text.starts_with("removed "), "{text}");
     assert!(!topo.pin_dir.exists(), "{text}");
-    assert_eq!(attached_programs(&topo), 0, "the programs are detached");
+    assert_eq!(
+        topo.attached_programs().values().sum::<usize>(),
+        0,
+        "the programs are detached"
+    );
 
     let (ok, text) = uninstall(&topo);
     assert!(ok, "{text}");

@@ -158,6 +158,17 @@ fn syscall_error(map: MapKind, call: &str, e: std::io::Error) -> MapWriteError {
     }
 }
 
+/// A failed `BPF_MAP_LOOKUP_BATCH` of the map `name`, as a read error.
+fn batch_read_error(name: &'static str) -> impl FnOnce(std::io::Error) -> KernelMapError {
+    move |io_error| KernelMapError::Read {
+        name,
+        source: MapError::SyscallError(aya::sys::SyscallError {
+            call: "BPF_MAP_LOOKUP_BATCH",
+            io_error,
+        }),
+    }
+}
+
 fn write_error(map: MapKind, e: MapError) -> MapWriteError {
     match e {
         MapError::SyscallError(s) => syscall_error(map, s.call, s.io_error),
@@ -392,13 +403,7 @@ impl KernelMaps {
             size_of::<u32>(),
             4096,
         )
-        .map_err(|io_error| KernelMapError::Read {
-            name: map_names::AFFINITY_MATCH,
-            source: aya::maps::MapError::SyscallError(aya::sys::SyscallError {
-                call: "bpf_map_lookup_batch",
-                io_error,
-            }),
-        })?;
+        .map_err(batch_read_error(map_names::AFFINITY_MATCH))?;
         Ok(n.min(self.capacities().of(MapKind::AffinityMatch) as usize))
     }
 
@@ -408,13 +413,7 @@ impl KernelMaps {
         let sums = self
             .counters
             .sums(&ids)
-            .map_err(|io_error| KernelMapError::Read {
-                name: map_names::COUNTERS,
-                source: MapError::SyscallError(aya::sys::SyscallError {
-                    call: "BPF_MAP_LOOKUP_BATCH",
-                    io_error,
-                }),
-            })?;
+            .map_err(batch_read_error(map_names::COUNTERS))?;
         contents
             .counters
             .extend(sums.into_iter().filter(|(_, c)| *c != Counters::default()));

@@ -331,12 +331,7 @@ fn retire_older_versions(pin_dir: &Path) -> usize {
     };
     let mut detached = 0;
     for entry in fs::read_dir(root).into_iter().flatten().flatten() {
-        let older = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.strip_prefix('v'))
-            .and_then(|v| v.parse::<u32>().ok())
-            .is_some_and(|v| v < dataplane_ebpf::PIN_VERSION);
+        let older = layout_version(&entry.path()).is_some_and(|v| v < dataplane_ebpf::PIN_VERSION);
         if !older {
             continue;
         }
@@ -671,18 +666,22 @@ pub struct Uninstalled {
     pub maps: usize,
 }
 
+/// The layout version of a pin directory named `v<N>` (digits only).
+fn layout_version(dir: &Path) -> Option<u32> {
+    let digits = dir.file_name()?.to_str()?.strip_prefix('v')?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
 /// [`uninstall`] of `pin_dir` and, when it is a layout directory (`v<N>`) of the agent's own
 /// root (`root`: the default's parent), of every other layout version there: an older
 /// agent's pins, or a newer one's when this binary is older than the agent it cleans up
 /// after. Any other directory is uninstalled alone (a `v<N>` beside a custom pin directory
 /// may be another program's).
 pub fn uninstall_every_version(pin_dir: &Path, root: &Path) -> Result<Uninstalled, LoadError> {
-    let versioned = |p: &Path| {
-        p.file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix('v'))
-            .is_some_and(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-    };
+    let versioned = |p: &Path| layout_version(p).is_some();
     // The requested directory first: refused (an agent runs on it), nothing else is touched.
     let mut done = uninstall(pin_dir)?;
     if !(versioned(pin_dir) && pin_dir.parent() == Some(root)) {

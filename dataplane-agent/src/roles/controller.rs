@@ -239,9 +239,8 @@ impl Controller {
         }
         let mut held = Vec::new();
         for import in existing {
-            let named = import.status.iter().flat_map(|s| &s.clusters);
-            let waits: BTreeSet<ClusterId> = named
-                .filter_map(|c| unheard.iter().find(|u| u.as_str() == c.cluster))
+            let waits: BTreeSet<ClusterId> = (import.status_clusters())
+                .filter_map(|c| unheard.iter().find(|u| u.as_str() == c))
                 .cloned()
                 .collect();
             if !waits.is_empty() {

@@ -446,6 +446,14 @@ pub struct ImportRecord {
 }
 
 impl ImportRecord {
+    /// The cluster ids of `status.clusters` (none without a status).
+    pub fn status_clusters(&self) -> impl Iterator<Item = &str> {
+        self.status
+            .iter()
+            .flat_map(|s| &s.clusters)
+            .map(|c| c.cluster.as_str())
+    }
+
     /// Converts a ServiceImport. `keep_meta` keeps its labels, annotations and status (the
     /// controller compares them); the node drops them.
     pub fn from_k8s(si: &ServiceImport, names: &Interner, keep_meta: bool) -> Converted<Self> {

@@ -48,11 +48,7 @@ pub(super) fn naming<'a>(
     cluster: &'a ClusterId,
 ) -> impl Iterator<Item = NamespacedName> + 'a {
     held.iter()
-        .filter(|(_, i)| {
-            (i.status.iter())
-                .flat_map(|s| &s.clusters)
-                .any(|c| c.cluster == cluster.as_str())
-        })
+        .filter(|(_, i)| i.status_clusters().any(|c| c == cluster.as_str()))
         .map(|(s, _)| s.clone())
 }
 
