@@ -12,9 +12,10 @@
 //!    the order of the inputs, and feeding the result back as the existing imports changes
 //!    nothing.
 //!
-//! When a CIDR has fewer usable addresses than imports need, the imports are served in
-//! namespace/name order until it is full; the others get no IPs at all (so `ips` always aligns
-//! with `ipFamilies`), whatever the existing imports hold, and the caller marks them
+//! When a CIDR has fewer usable addresses than imports need, the imports that hold one of its
+//! addresses already are served first, then the others, each in namespace/name order, until it
+//! is full: a new export never takes the address of an import that clients use. Those left
+//! get no IPs at all (so `ips` always aligns with `ipFamilies`), and the caller marks them
 //! `Ready=False`.
 
 use std::{
@@ -189,12 +190,26 @@ where
             }
         }
     }
-    let mut sorted: Vec<Request<'_>> = requests.to_vec();
-    sorted.sort_by(|a, b| a.service.cmp(b.service));
-    // Which services get IPs at all depends only on the requests, never on the existing
-    // imports: when a CIDR is too small, the first services in namespace/name order take it.
-    // Stickiness then only decides which address each one gets, so feeding the result back
-    // cannot change who has an IP.
+    // When a CIDR is too small, the services that hold one of its addresses already come
+    // first, then the others, each group in namespace/name order: a newly exported service
+    // waits for an address rather than taking one that clients of another service use.
+    // Feeding the result back cannot change who has an IP: those who got one hold it, the
+    // others still hold none.
+    let holds_one = |r: &Request<'_>| {
+        existing.get(r.service).is_some_and(|ips| {
+            ips.iter().any(|ip| {
+                r.families.contains(&IpFamily::of(ip))
+                    && match ip {
+                        IpAddr::V4(_) => v4.offset_of(ip).is_some(),
+                        IpAddr::V6(_) => v6.offset_of(ip).is_some(),
+                    }
+            })
+        })
+    };
+    let mut keyed: Vec<(bool, Request<'_>)> =
+        requests.iter().map(|r| (!holds_one(r), *r)).collect();
+    keyed.sort_by(|(a_new, a), (b_new, b)| a_new.cmp(b_new).then_with(|| a.service.cmp(b.service)));
+    let mut sorted: Vec<Request<'_>> = keyed.into_iter().map(|(_, r)| r).collect();
     let (mut left4, mut left6) = (v4.free(), v6.free());
     let mut starved = Vec::new();
     sorted.retain(|r| {
@@ -246,7 +261,6 @@ where
         }
     }
     Allocation {
-        // Already in order: the map is built without searching.
         ips: out.into_iter().collect(),
         starved,
     }
@@ -355,41 +369,43 @@ mod tests {
         assert_eq!(alloc(&reqs, &back, &cidrs), allocated);
     }
 
+    /// A CIDR with room for two: `c` holds one of its addresses and keeps it; of the
+    /// newcomers `a` and `b`, the first in order gets the other address. An address that is
+    /// not the CIDR's does not count as held.
     #[test]
-    fn a_full_cidr_serves_the_first_services_whatever_they_held() {
+    fn a_full_cidr_serves_the_services_holding_its_addresses_first() {
         let cidrs = ClusterSetCidrs {
             ipv4: "10.9.0.0/30".parse().expect("cidr"),
             ..Default::default()
         };
         let (a, b, c) = (nn("a"), nn("b"), nn("c"));
-        let v4 = [IpFamily::IPv4];
-        let reqs = [
-            Request {
-                service: &c,
-                families: &v4,
-            },
-            Request {
-                service: &a,
-                families: &v4,
-            },
-            Request {
-                service: &b,
-                families: &v4,
-            },
-        ];
-        // c held an address, but only two services fit: a and b.
+        let reqs = ipv4_requests(&[&c, &a, &b]);
         let allocated = alloc(
             &reqs,
             &[record(import("demo", "c").ips(["10.9.0.1"]))],
             &cidrs,
         );
         let got = text(&allocated);
-        assert_eq!(got.keys().collect::<Vec<_>>(), vec![&a, &b]);
+        assert_eq!(
+            got,
+            BTreeMap::from([
+                (a.clone(), vec!["10.9.0.2".to_owned()]),
+                (c.clone(), vec!["10.9.0.1".to_owned()]),
+            ])
+        );
         let back: Vec<ImportRecord> = got
             .iter()
             .map(|(s, ips)| record(import("demo", &s.name).ips(ips)))
             .collect();
         assert_eq!(alloc(&reqs, &back, &cidrs), allocated);
+
+        // c's address from another CIDR: the first two in order are served.
+        let elsewhere = alloc(
+            &reqs,
+            &[record(import("demo", "c").ips(["10.8.0.1"]))],
+            &cidrs,
+        );
+        assert_eq!(elsewhere.keys().collect::<Vec<_>>(), vec![&a, &b]);
     }
 
     /// Addresses held by services outside the requests count against a small pool, and a
