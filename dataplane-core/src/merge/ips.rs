@@ -12,11 +12,12 @@
 //!    the order of the inputs, and feeding the result back as the existing imports changes
 //!    nothing.
 //!
-//! When a CIDR has fewer usable addresses than imports need, the imports that hold one of its
-//! addresses already are served first, then the others, each in namespace/name order, until it
-//! is full: a new export never takes the address of an import that clients use. Those left
-//! get no IPs at all (so `ips` always aligns with `ipFamilies`), and the caller marks them
-//! `Ready=False`.
+//! When a CIDR has fewer usable addresses than imports need, the imports that hold an address
+//! of each of their families are served first, then those that hold some, then the others,
+//! each in namespace/name order, until it is full: a new export never takes the address of an
+//! import that clients use. Those left get no IPs at all (so `ips` always aligns with
+//! `ipFamilies`; one that held an address of some family gives it up), and the caller marks
+//! them `Ready=False`.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -190,25 +191,37 @@ where
             }
         }
     }
-    // When a CIDR is too small, the services that hold one of its addresses already come
-    // first, then the others, each group in namespace/name order: a newly exported service
-    // waits for an address rather than taking one that clients of another service use.
-    // Feeding the result back cannot change who has an IP: those who got one hold it, the
-    // others still hold none.
-    let holds_one = |r: &Request<'_>| {
-        existing.get(r.service).is_some_and(|ips| {
-            ips.iter().any(|ip| {
-                r.families.contains(&IpFamily::of(ip))
-                    && match ip {
-                        IpAddr::V4(_) => v4.offset_of(ip).is_some(),
-                        IpAddr::V6(_) => v6.offset_of(ip).is_some(),
-                    }
-            })
-        })
+    // When a CIDR is too small, the services that hold a valid address of every family they
+    // ask for come first, then those that hold some, then the others, each group in
+    // namespace/name order: a newly exported service (or one that adds a family) waits for
+    // an address rather than taking one that clients of another service use. The first group
+    // always fits, since its addresses are all in the pools. Feeding the result back cannot
+    // change who has an IP: those who got one hold all of theirs, the others hold none.
+    let rank = |r: &Request<'_>| {
+        let held = existing.get(r.service).map_or(0, |ips| {
+            r.families
+                .iter()
+                .filter(|f| {
+                    ips.iter().any(|ip| {
+                        IpFamily::of(ip) == **f
+                            && match ip {
+                                IpAddr::V4(_) => v4.offset_of(ip).is_some(),
+                                IpAddr::V6(_) => v6.offset_of(ip).is_some(),
+                            }
+                    })
+                })
+                .count()
+        });
+        match held {
+            0 => 2u8,
+            n if n == r.families.len() => 0,
+            _ => 1,
+        }
     };
-    let mut keyed: Vec<(bool, Request<'_>)> =
-        requests.iter().map(|r| (!holds_one(r), *r)).collect();
-    keyed.sort_by(|(a_new, a), (b_new, b)| a_new.cmp(b_new).then_with(|| a.service.cmp(b.service)));
+    let mut keyed: Vec<(u8, Request<'_>)> = requests.iter().map(|r| (rank(r), *r)).collect();
+    keyed.sort_by(|(a_rank, a), (b_rank, b)| {
+        a_rank.cmp(b_rank).then_with(|| a.service.cmp(b.service))
+    });
     let mut sorted: Vec<Request<'_>> = keyed.into_iter().map(|(_, r)| r).collect();
     let (mut left4, mut left6) = (v4.free(), v6.free());
     let mut starved = Vec::new();
@@ -406,6 +419,37 @@ mod tests {
             &cidrs,
         );
         assert_eq!(elsewhere.keys().collect::<Vec<_>>(), vec![&a, &b]);
+    }
+
+    /// A service that holds an address of one of its families only (it added a family) comes
+    /// after those that hold all of theirs: with room for two IPv4 addresses, `b` and `c`
+    /// keep theirs and `a`, which holds only its IPv6 one, waits (it would have taken `c`'s).
+    #[test]
+    fn a_full_cidr_serves_the_services_holding_every_family_first() {
+        let cidrs = ClusterSetCidrs {
+            ipv4: "10.9.0.0/30".parse().expect("cidr"),
+            ..Default::default()
+        };
+        let (a, b, c) = (nn("a"), nn("b"), nn("c"));
+        let dual = [IpFamily::IPv4, IpFamily::IPv6];
+        let mut reqs = ipv4_requests(&[&b, &c]);
+        reqs.push(Request {
+            service: &a,
+            families: &dual,
+        });
+        let existing = [
+            record(import("demo", "a").ips(["fd00:241::5"])),
+            record(import("demo", "b").ips(["10.9.0.1"])),
+            record(import("demo", "c").ips(["10.9.0.2"])),
+        ];
+        let got = text(&alloc(&reqs, &existing, &cidrs));
+        assert_eq!(
+            got,
+            BTreeMap::from([
+                (b.clone(), vec!["10.9.0.1".to_owned()]),
+                (c.clone(), vec!["10.9.0.2".to_owned()]),
+            ])
+        );
     }
 
     /// Addresses held by services outside the requests count against a small pool, and a

@@ -8,9 +8,10 @@
 //! of its service, not of the ClusterSet. [`merge`](super::merge) is the same code with every
 //! service marked.
 //!
-//! Two things are shared between services, and both are decided in namespace/name order by a
-//! full merge: ClusterSet IPs (sticky: an import keeps the IPs it holds) and the names of
-//! imported slices (a name two services want goes to the first). An update keeps to that
+//! Two things are shared between services, and both are decided by a full merge: ClusterSet
+//! IPs (sticky: an import keeps the IPs it holds; in a full CIDR the holders first, then
+//! namespace/name order, see `ips.rs`) and the names of imported slices (a name two services
+//! want goes to the first in namespace/name order). An update keeps to that
 //! order: it allocates only from the addresses no other service holds, and it falls back to a
 //! full merge, with every current import's IPs kept, in the rare cases where the order
 //! matters: a CIDR too small for every import, or a slice name another service wants too.
