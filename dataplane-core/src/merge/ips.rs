@@ -309,6 +309,14 @@ mod tests {
         allocate(reqs, &existing, cidrs, &std::collections::HashMap::new()).ips
     }
 
+    /// CIDRs whose IPv4 one has two usable addresses.
+    fn two_ipv4() -> ClusterSetCidrs {
+        ClusterSetCidrs {
+            ipv4: "10.9.0.0/30".parse().expect("cidr"),
+            ..Default::default()
+        }
+    }
+
     /// An IPv4 request for each of `services`, in order.
     fn ipv4_requests<'a>(services: &[&'a NamespacedName]) -> Vec<Request<'a>> {
         const V4: &[IpFamily] = &[IpFamily::IPv4];
@@ -387,10 +395,7 @@ mod tests {
     /// not the CIDR's does not count as held.
     #[test]
     fn a_full_cidr_serves_the_services_holding_its_addresses_first() {
-        let cidrs = ClusterSetCidrs {
-            ipv4: "10.9.0.0/30".parse().expect("cidr"),
-            ..Default::default()
-        };
+        let cidrs = two_ipv4();
         let (a, b, c) = (nn("a"), nn("b"), nn("c"));
         let reqs = ipv4_requests(&[&c, &a, &b]);
         let allocated = alloc(
@@ -426,10 +431,7 @@ mod tests {
     /// keep theirs and `a`, which holds only its IPv6 one, waits (it would have taken `c`'s).
     #[test]
     fn a_full_cidr_serves_the_services_holding_every_family_first() {
-        let cidrs = ClusterSetCidrs {
-            ipv4: "10.9.0.0/30".parse().expect("cidr"),
-            ..Default::default()
-        };
+        let cidrs = two_ipv4();
         let (a, b, c) = (nn("a"), nn("b"), nn("c"));
         let dual = [IpFamily::IPv4, IpFamily::IPv6];
         let mut reqs = ipv4_requests(&[&b, &c]);
@@ -460,10 +462,7 @@ mod tests {
         let reqs = ipv4_requests(&[&a, &b]);
         let held: std::collections::HashMap<IpAddr, NamespacedName> =
             std::collections::HashMap::from([("10.9.0.2".parse().expect("ip"), held_by)]);
-        let small = ClusterSetCidrs {
-            ipv4: "10.9.0.0/30".parse().expect("cidr"),
-            ..Default::default()
-        };
+        let small = two_ipv4();
         let none = std::collections::HashMap::new();
         let got = allocate(&reqs, &none, &small, &held);
         assert_eq!(
