@@ -218,6 +218,29 @@ fn telemetry_args() -> (u16, u16, [String; 4]) {
     (metrics, health, args)
 }
 
+/// `run --config <config> --roles node` with the telemetry flags.
+fn node_only_args(config: &Path, telemetry: &[String; 4]) -> Vec<String> {
+    let mut args: Vec<String> = ["run", "--config", config.to_str().expect("utf-8")]
+        .into_iter()
+        .chain(["--roles", "node"])
+        .map(str::to_owned)
+        .collect();
+    args.extend(telemetry.iter().cloned());
+    args
+}
+
+/// A ClusterSetIP import of `name` at `vip`, port http 80/TCP, as the controller writes it.
+fn put_import(srv: &FakeApiServer, name: &str, vip: &str) {
+    srv.put(
+        &import(NS, name)
+            .managed()
+            .ips([vip])
+            .families(&[IpFamily::IPv4])
+            .port(("http", "TCP", 80))
+            .build(),
+    );
+}
+
 /// 7: the maps follow the imported slices through the API, and traffic follows the maps. A
 /// restarted agent with its API server away keeps the maps until the initial lists are in.
 #[test]
@@ -471,14 +494,7 @@ fn node_only_role_routes_seeded_imports() {
     let api = rt.block_on(FakeApiServer::start()).expect("api");
     let (vip, vip2) = ("241.0.9.1", "241.0.9.2");
     for (name, ip) in [("web", vip), ("api", vip2)] {
-        api.put(
-            &import(NS, name)
-                .managed()
-                .ips([ip])
-                .families(&[IpFamily::IPv4])
-                .port(("http", "TCP", 80))
-                .build(),
-        );
+        put_import(&api, name, ip);
     }
     put_imported_slice(&api, "web-east", "web", "east", &["10.9.0.1"]);
     put_imported_slice(&api, "web-west", "web", "west", &["10.9.1.1"]);
@@ -497,17 +513,8 @@ fn node_only_role_routes_seeded_imports() {
     let east_kubeconfig = dir.join("east.kubeconfig");
     let config = dir.join("clusterset.yaml");
     let (metrics_port, health_port, telemetry) = telemetry_args();
-    let args = [
-        "run",
-        "--config",
-        config.to_str().expect("utf-8"),
-        "--roles",
-        "node",
-        &telemetry[0],
-        &telemetry[1],
-        &telemetry[2],
-        &telemetry[3],
-    ];
+    let args = node_only_args(&config, &telemetry);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     // In a pod (KUBERNETES_SERVICE_HOST is set; the credentials then come from KUBECONFIG).
     let mut agent = Agent::start_with_env(
         &topo,
@@ -593,4 +600,102 @@ fn node_only_role_routes_seeded_imports() {
         "{}",
         agent.log_text()
     );
+}
+
+/// An upgrade to a new map layout keeps VIP traffic flowing while the new agent waits for its
+/// API server: the older layout's programs (attached first) keep translating from the maps it
+/// left until the new agent's first full sync, and only then are they detached and their pins
+/// removed.
+#[test]
+fn an_upgrade_keeps_the_older_layout_translating_until_the_first_sync() {
+    require_root!();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mut topo = Topology::new(&["a"]).expect("topology");
+    topo.start_backend("a", 10, &["tcp:8080"]).expect("backend");
+    let vip = "241.0.0.10";
+    let input = topo
+        .write_fixture(
+            "input",
+            "web.yaml",
+            &tests::agent::one_service_yaml("web", vip, &[10]),
+        )
+        .expect("input");
+    std::fs::create_dir_all(&topo.pin_dir).expect("pin dir");
+    let old_dir = topo.pin_dir.join("v1");
+    let new_dir = topo
+        .pin_dir
+        .join(format!("v{}", dataplane_ebpf::PIN_VERSION));
+    let mut old = Agent::start_in(
+        &topo,
+        &old_dir,
+        &["node", "--from-dir", input.to_str().expect("utf-8")],
+        &[],
+    )
+    .expect("old agent");
+    old.wait_for("the old layout's agent", WAIT, |i| !i.frontends.is_empty())
+        .expect("old layout synced");
+    old.kill(libc::SIGKILL);
+
+    // The new agent's API server is away: it attaches its programs and waits for its lists.
+    let api = rt.block_on(FakeApiServer::start()).expect("api");
+    put_import(&api, "web", vip);
+    put_imported_slice(&api, "web-a", "web", "a", &["10.99.1.10"]);
+    rt.block_on(api.stop());
+    let dir = topo.dir.join("kube-upgrade");
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(dir.join("a.kubeconfig"), api.kubeconfig()).expect("write");
+    std::fs::write(
+        dir.join("clusterset.yaml"),
+        "localCluster: a\nmembers:\n- id: a\n  kubeconfig: a.kubeconfig\n",
+    )
+    .expect("write");
+    let config = dir.join("clusterset.yaml");
+    let (_, _, telemetry) = telemetry_args();
+    let args = node_only_args(&config, &telemetry);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut new = Agent::start_in(&topo, &new_dir, &args, &[]).expect("new agent");
+    let deadline = Instant::now() + WAIT;
+    while !new.log_text().contains("dataplane ready") {
+        assert!(
+            Instant::now() < deadline && new.running(),
+            "{}",
+            new.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let probe = |what: &str, log: String| {
+        let attempts = topo
+            .probe("tcp", &format!("{vip}:80"), &["--count", "5"])
+            .expect("probe");
+        assert!(attempts.iter().all(|a| a.ok), "{what}: {attempts:?}\n{log}");
+    };
+    probe(
+        "while the new agent waits for its API server",
+        new.log_text(),
+    );
+    assert!(
+        old_dir.exists(),
+        "the old layout's pins are kept until the first sync"
+    );
+    assert!(!new.log_text().contains("older layout versions"));
+
+    rt.block_on(api.resume()).expect("api is back");
+    let deadline = Instant::now() + WAIT;
+    while old_dir.exists() {
+        assert!(
+            Instant::now() < deadline && new.running(),
+            "{}",
+            new.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        new.log_text()
+            .contains("detached the links of older layout versions"),
+        "{}",
+        new.log_text()
+    );
+    let progs = topo.attached_programs();
+    assert_eq!(progs.get("connect4"), Some(&1), "{progs:?}");
+    probe("after the new agent's first sync", new.log_text());
 }

@@ -16,8 +16,10 @@
 //! untouched. Otherwise the new programs are attached next to the old ones (multi-attach),
 //! pinned, and only then are the old links removed: an upgrade never leaves the cgroup without
 //! a program. When the pin directory is the versioned default (`.../v<PIN_VERSION>`), the
-//! links of older layout versions (`.../v1` and so on) are then detached and their pins
-//! removed: an old program attached first would otherwise keep translating from frozen maps.
+//! links of older layout versions (`.../v1` and so on) are detached and their pins removed
+//! once the node has written its first full sync ([`retire_older_versions`]): until then they
+//! keep translating from the maps they left, and after it, attached first, they would keep
+//! translating from frozen maps.
 
 use std::{
     collections::BTreeSet,
@@ -321,7 +323,11 @@ fn pinned_map_ids(maps_dir: &Path) -> BTreeSet<u32> {
 /// When `pin_dir` is the versioned default layout (`<root>/v<PIN_VERSION>`), detaches the links
 /// of every older layout under `<root>` and removes its pins. Returns how many links it
 /// detached.
-fn retire_older_versions(pin_dir: &Path) -> usize {
+///
+/// The node calls it after its first full sync, not at install: an older layout's programs,
+/// attached first, keep translating from its maps as they were left until the new maps hold
+/// the inputs (an upgrade must not drop VIP traffic while the new agent waits for its lists).
+pub fn retire_older_versions(pin_dir: &Path) -> usize {
     let ours = format!("v{}", dataplane_ebpf::PIN_VERSION);
     if pin_dir.file_name().and_then(|n| n.to_str()) != Some(ours.as_str()) {
         return 0;
@@ -590,13 +596,6 @@ fn install_as_allowed(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
         )
     };
     drop(ebpf);
-    let retired = retire_older_versions(&cfg.pin_dir);
-    if retired > 0 {
-        info!(
-            links = retired,
-            "detached the links of older layout versions"
-        );
-    }
 
     let mut maps = KernelMaps::open_pinned(&maps_dir)?;
     maps.hold_lock(lock);

@@ -63,6 +63,8 @@ pub struct Node {
     lb: LbState,
     /// Whether the first (full) sync has run.
     synced: bool,
+    /// The pin directory, whose older layout versions are retired after the first sync.
+    pin_dir: std::path::PathBuf,
     /// Services whose last write failed (a full map, a kernel error): tried again with the
     /// next change, and on their own schedule ([`run_with`]) when none comes.
     retry: BTreeSet<NamespacedName>,
@@ -105,6 +107,7 @@ impl Node {
             lb: LbState::default(),
             policy: Arc::default(),
             synced: false,
+            pin_dir: cfg.pin_dir.clone(),
             retry: BTreeSet::new(),
             dns: None,
             attachment,
@@ -208,6 +211,16 @@ impl Node {
             }
         }
         self.synced = true;
+        if full {
+            // The older layout's programs translated from its maps until now.
+            let retired = loader::retire_older_versions(&self.pin_dir);
+            if retired > 0 {
+                info!(
+                    links = retired,
+                    "detached the links of older layout versions"
+                );
+            }
+        }
         info!(
             services = rebuilt.len(),
             frontends = self.sync.frontend_count(),
