@@ -322,9 +322,9 @@ impl MapSync {
                     .collect();
                 change.puts.push((MapOp::PutSlots(range.base, slots), None));
             }
+            // A broken entry's range is empty unless adoption reserved it.
             if let Some(o) = &old
                 && o.range.len > 0
-                && !o.broken
             {
                 change.freed_ranges.push(o.range);
             }

@@ -242,7 +242,8 @@ impl MapWriter for Recorder {
 
 /// An entry adopted as broken (one slot of its range names another frontend) still points at
 /// its range until the first sync rewrites it: that sync writes the new backends elsewhere,
-/// never into slots a reader may be using.
+/// never into slots a reader may be using, and then gives the old range back (to quarantine,
+/// then to reuse).
 #[test]
 fn a_broken_entry_keeps_its_range_until_it_is_rewritten() {
     let t1 = table(&[("web", vip(9), vec![(80, seven(1))])]);
@@ -268,9 +269,19 @@ fn a_broken_entry_keeps_its_range_until_it_is_rewritten() {
         maps,
         ops: Vec::new(),
     };
+    assert_eq!(
+        adopted.slots.used(),
+        7,
+        "the broken entry's range is reserved"
+    );
     let report = adopted.sync(Scope::All, desired::services(&t2, None), &mut rec);
     assert!(report.failed.is_empty(), "{:?}", report.failed);
     assert_eq!(read_back(&rec.maps.contents), desired::entries(&t2));
+    assert_eq!(
+        (adopted.slots.used(), adopted.slots.quarantined()),
+        (7, 7),
+        "only the new range is in use; the old one waits for a grace period"
+    );
     let flip = rec
         .ops
         .iter()
