@@ -2,9 +2,10 @@
 //! ServiceImports and imported EndpointSlices, kept file by file.
 //!
 //! The first read sends one complete [`Change::Snapshot`]. After that, a batch of changes
-//! re-reads only the files it names ([`NodeDir::update`]) and sends [`Change::Import`],
-//! [`Change::ImportDeleted`], [`Change::Slice`] and [`Change::SliceDeleted`] for the objects
-//! whose used definition differs ([`FileObjects`]); a removed file deletes its objects. A file
+//! re-reads only the files it names ([`NodeDir::update`]) and sends, as one
+//! [`Change::Batch`], [`Change::Import`], [`Change::ImportDeleted`], [`Change::Slice`] and
+//! [`Change::SliceDeleted`] for the objects whose used definition differs ([`FileObjects`]);
+//! a removed file deletes its objects. A file
 //! that cannot be read or has a YAML syntax error (half-written, broken) keeps its last good
 //! objects (and a file still open for writing is not read until it is closed, or
 //! [`super::watch::WRITE_WAIT`] has passed); a file with some unusable documents keeps the good ones. An object defined more
@@ -319,10 +320,11 @@ pub async fn watch(dir: PathBuf, tx: ChangeSender) {
             None => std::future::pending().await,
         };
         if let Some(s) = state.as_mut() {
-            for change in s.update(&changes).changes {
-                if tx.send(change).is_err() {
-                    return;
-                }
+            // One message: the node never syncs half of an update (a slice renamed in a file
+            // would be written without its endpoints in between).
+            let update = s.update(&changes).changes;
+            if !update.is_empty() && tx.send(Change::Batch(update)).is_err() {
+                return;
             }
         }
     }
@@ -419,6 +421,38 @@ mod tests {
             other => panic!("the first read is a snapshot: {other:?}"),
         }
         (dir, state)
+    }
+
+    /// The watch sends one update as one message: a slice renamed in a file (a deletion and
+    /// an addition) is never filed, and synced, half.
+    #[tokio::test]
+    async fn the_watch_sends_one_update_as_one_message() {
+        let (dir, _) = setup();
+        let (tx, mut rx) = crate::source::feed::channel();
+        let watch = tokio::spawn(watch(dir.path().to_owned(), tx));
+        async fn next(rx: &mut crate::source::feed::ChangeReceiver) -> Change {
+            let wait = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv());
+            wait.await
+                .expect("a message in time")
+                .expect("the watch runs")
+        }
+        assert!(matches!(next(&mut rx).await, Change::Snapshot { .. }));
+        write(
+            dir.path(),
+            "a.yaml",
+            &docs(&[import("web", "241.0.0.10", 80), slice("web-b", "web", 10)]),
+        );
+        match next(&mut rx).await {
+            Change::Batch(changes) => assert_eq!(
+                summary(&changes),
+                [
+                    row("slice deleted", "demo/web-a", ""),
+                    row("slice", "demo/web-b", "10.99.1.10")
+                ]
+            ),
+            other => panic!("one batch, not {:?}", summary(&[other])),
+        }
+        watch.abort();
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub enum Change {
     Slice(SliceInput),
     /// The slice with this namespace/name was deleted.
     SliceDeleted(NamespacedName),
+    /// Changes filed together, so that the node never syncs between them (one file's
+    /// update: a slice renamed in it is a deletion and an addition).
+    Batch(Vec<Change>),
 }
 
 impl Change {
@@ -152,6 +155,11 @@ impl InputIndex {
             Change::Snapshot { imports, slices } => {
                 self.replace_imports(imports, dirty);
                 self.replace_slices(slices, dirty);
+            }
+            Change::Batch(changes) => {
+                for change in changes {
+                    self.apply(change, dirty);
+                }
             }
             Change::Imports(imports) => self.replace_imports(imports, dirty),
             Change::Slices(slices) => self.replace_slices(slices, dirty),
