@@ -58,19 +58,24 @@ pub fn ebpf_object() -> &'static [u8] {
     EBPF_OBJECT
 }
 
-/// The programs, by function (and section) name, in attach order: the cgroup sock_addr
-/// programs, then the cgroup sock program that forgets a released socket's entry.
+/// The programs, by function (and section) name, in attach order: the cgroup sock program
+/// that forgets a released socket's entry and the reverse translations first, so that no
+/// socket is translated on a fresh install before its replies, its peer name and its release
+/// are handled; then the forward translations.
 pub const PROGRAMS: [&str; 9] = [
-    "connect4",
-    "connect6",
-    "sendmsg4",
-    "sendmsg6",
+    "sock_release",
     "recvmsg4",
     "recvmsg6",
     "getpeername4",
     "getpeername6",
-    "sock_release",
+    "connect4",
+    "connect6",
+    "sendmsg4",
+    "sendmsg6",
 ];
+
+/// The program whose maps the eBPF log reader is found from (one that logs).
+const LOGGING_PROGRAM: &str = "connect4";
 
 /// The default pin directory, versioned by the map layout.
 pub fn default_pin_dir() -> PathBuf {
@@ -540,7 +545,8 @@ fn install_as_allowed(cfg: &LoaderConfig) -> Result<Dataplane, LoadError> {
             .collect();
         drop(fresh_logger);
         let logger = ids
-            .first()
+            .iter()
+            .find(|(name, _)| *name == LOGGING_PROGRAM)
             .and_then(|(_, id)| aya_log::EbpfLogger::init_from_id(*id).ok());
         info!(pin_dir = %cfg.pin_dir.display(), "adopted the pinned programs and links");
         (Attachment::Adopted, ids, logger)
