@@ -26,9 +26,10 @@ fn filler(i: u16) -> FrontendKey4 {
 }
 
 /// The kernel refuses a service's write (here: `MCS_FE4` filled behind the agent's back, as an
-/// ENOMEM would): the agent logs the failure and, once the kernel has room again, writes the
-/// service on its own retry schedule, with no change to its inputs, and the VIP then reaches
-/// the service's backends.
+/// ENOMEM would): the agent logs the failure, keeps writing other services' changes without
+/// trying it again with each, and, once the kernel has room again, writes the service on its
+/// own retry schedule, with no change to its inputs, and the VIP then reaches the service's
+/// backends.
 #[test]
 fn a_write_the_kernel_refused_is_retried_without_a_change() {
     require_root!();
@@ -91,6 +92,34 @@ fn a_write_the_kernel_refused_is_retried_without_a_change() {
     assert!(log.contains("failed=1"), "{log}");
     let i = inspect(&topo.pin_dir).unwrap();
     assert!(frontend(&i, "241.0.0.71", 80, "TCP").is_none(), "{i:?}");
+
+    // Changes to another service are written at once, without trying b again each time: b
+    // waits for its own retry schedule (its first retry is due 1 s after the failure).
+    let passes = |log: &str| log.matches("maps synced").count();
+    for round in 0..5u8 {
+        let before = passes(&agent.log_text());
+        topo.write_fixture(
+            "input",
+            "a.yaml",
+            &one_service_yaml("a", "241.0.0.70", &[10, 11 + round % 2]),
+        )
+        .unwrap();
+        let deadline = Instant::now() + SYNC_TIMEOUT;
+        while passes(&agent.log_text()) == before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let log = agent.log_text();
+    assert!(
+        log.matches("failed=1").count() <= 2,
+        "b retried with every change to a: {log}"
+    );
+    topo.write_fixture(
+        "input",
+        "a.yaml",
+        &one_service_yaml("a", "241.0.0.70", &[10]),
+    )
+    .unwrap();
 
     // The kernel has room again; the inputs do not change.
     for key in &fillers {

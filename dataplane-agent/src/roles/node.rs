@@ -65,8 +65,8 @@ pub struct Node {
     synced: bool,
     /// The pin directory, whose older layout versions are retired after the first sync.
     pin_dir: std::path::PathBuf,
-    /// Services whose last write failed (a full map, a kernel error): tried again with the
-    /// next change, and on their own schedule ([`run_with`]) when none comes.
+    /// Services whose last write failed (a full map, a kernel error): tried again on their
+    /// own schedule ([`run_with`]), or with a change of their own.
     retry: BTreeSet<NamespacedName>,
     /// The `clusterset.local` zone, when this node serves DNS: updated with the maps.
     dns: Option<DnsZone>,
@@ -159,9 +159,14 @@ impl Node {
     }
 
     /// Files `changes` and, once the initial lists are complete, writes what they changed into
-    /// the maps: everything the first time, then the services they touched. `None` when
-    /// nothing was synced (still waiting for the initial lists, or nothing changed).
-    pub fn apply(&mut self, changes: impl IntoIterator<Item = Change>) -> Option<SyncReport> {
+    /// the maps: everything the first time, then the services they touched, and with
+    /// `retry_failed` the services whose last write failed. `None` when nothing was synced
+    /// (still waiting for the initial lists, or nothing changed).
+    pub fn apply(
+        &mut self,
+        changes: impl IntoIterator<Item = Change>,
+        retry_failed: bool,
+    ) -> Option<SyncReport> {
         let started = Instant::now();
         let mut dirty = BTreeSet::new();
         for change in changes {
@@ -190,7 +195,9 @@ impl Node {
             self.lb = LbState::new(self.policy.clone());
             self.lb.update_parts(inputs.services(), inputs_of)
         } else {
-            dirty.extend(std::mem::take(&mut self.retry));
+            if retry_failed {
+                dirty.extend(std::mem::take(&mut self.retry));
+            }
             if dirty.is_empty() {
                 return None;
             }
@@ -235,6 +242,12 @@ impl Node {
                 "maps synced"
             }
         );
+        // Those written now are no longer waiting (full: every service was).
+        if full {
+            self.retry.clear();
+        } else {
+            self.retry.retain(|s| !rebuilt.contains(s));
+        }
         for failure in &report.failed {
             error!("{failure}");
             self.retry.insert(failure.service().clone());
@@ -362,16 +375,16 @@ pub async fn run_with(
                 while let Ok(change) = changes.try_recv() {
                     batch.push(change);
                 }
-                // A sync retries every failed write: once the retry is due, this is it.
+                // Failed writes are retried with other work only once their retry is due.
                 retried = retry.is_due(tokio::time::Instant::now());
                 let started = Instant::now();
-                if let Some(report) = node.apply(batch.drain(..)) {
+                if let Some(report) = node.apply(batch.drain(..), retried) {
                     on_sync(&node, &report, started.elapsed());
                 }
             }
             () = sleep_until(retry.deadline()) => {
                 let started = Instant::now();
-                if let Some(report) = node.apply(std::iter::empty()) {
+                if let Some(report) = node.apply(std::iter::empty(), true) {
                     on_sync(&node, &report, started.elapsed());
                 }
                 retried = true;

@@ -81,7 +81,7 @@ pub async fn run(settings: Standalone, loader: &LoaderConfig) -> Result<(), Stan
     }
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
-    node.apply([first]);
+    node.apply([first], true);
     let mut report = Report::new(settings.report.clone());
     report.write(&merge, &node);
     // Failed map writes are tried again on their own schedule, as in the node role.
@@ -106,9 +106,9 @@ pub async fn run(settings: Standalone, loader: &LoaderConfig) -> Result<(), Stan
                 match merge.update(&changes) {
                     Ok(update) => {
                         if !update.changes.is_empty() {
-                            // It retries every failed write: once the retry is due, this is it.
+                            // Failed writes are retried with it once their retry is due.
                             retried = retry.is_due(Instant::now());
-                            node.apply(update.changes);
+                            node.apply(update.changes, retried);
                         }
                         report.pending = true;
                     }
@@ -119,7 +119,7 @@ pub async fn run(settings: Standalone, loader: &LoaderConfig) -> Result<(), Stan
             }
             () = tokio::time::sleep_until(due), if report.pending => report.write(&merge, &node),
             () = sleep_until(retry.deadline()) => {
-                node.apply(std::iter::empty());
+                node.apply(std::iter::empty(), true);
                 retried = true;
             }
             () = &mut shutdown => {
