@@ -1013,12 +1013,20 @@ fn an_upgrade_detaches_the_links_of_older_layout_versions() {
         i.frontends.len() == 7
     })
     .unwrap();
-    let log = new.log_text();
-    assert!(
-        log.contains("detached the links of older layout versions"),
-        "{log}"
-    );
-    assert!(!old_dir.exists(), "the old layout's pins are gone");
+    // After its first full sync, which the maps show a moment before.
+    let deadline = Instant::now() + SYNC_TIMEOUT;
+    while old_dir.exists()
+        || !new
+            .log_text()
+            .contains("detached the links of older layout versions")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the old layout is not retired: {}",
+            new.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let progs = topo.attached_programs();
     assert_eq!(progs.get("connect4"), Some(&1), "{progs:?}");
     assert_eq!(progs.values().sum::<usize>(), 9, "{progs:?}");

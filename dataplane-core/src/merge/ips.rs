@@ -6,7 +6,8 @@
 //!
 //! 1. Stickiness: an IP that the importing cluster's existing import of the same service holds
 //!    is kept while it stays valid: inside the CIDR, usable, of a family the import still has,
-//!    and not already kept by a service earlier in namespace/name order.
+//!    and not already kept by a service earlier in the order below (holders first, then
+//!    namespace/name order).
 //! 2. The rest are allocated in namespace/name order: FNV-1a 64 of `namespace/name` picks a
 //!    start offset, then linear probing finds the first free address. Neither step depends on
 //!    the order of the inputs, and feeding the result back as the existing imports changes
@@ -148,7 +149,7 @@ impl<'a, S: BuildHasher> Pool<'a, S> {
 pub(crate) struct Allocation {
     /// Per service whose every family got an IP, the IPs aligned with its families.
     pub ips: BTreeMap<NamespacedName, Vec<IpAddr>>,
-    /// The services a CIDR had no room left for, in order.
+    /// The services a CIDR had no room left for, in namespace/name order.
     pub starved: Vec<NamespacedName>,
 }
 
@@ -191,41 +192,53 @@ where
             }
         }
     }
-    // When a CIDR is too small, the services that hold a valid address of every family they
-    // ask for come first, then those that hold some, then the others, each group in
+    // When a CIDR is too small, the services that can keep an address of every family they
+    // ask for come first, then those that can keep some, then the others, each group in
     // namespace/name order: a newly exported service (or one that adds a family) waits for
-    // an address rather than taking one that clients of another service use. The first group
-    // always fits, since its addresses are all in the pools. Feeding the result back cannot
-    // change who has an IP: those who got one hold all of theirs, the others hold none.
-    let rank = |r: &Request<'_>| {
-        let held = existing.get(r.service).map_or(0, |ips| {
-            r.families
+    // an address rather than taking one that clients of another service use. Whether an
+    // address can be kept is decided as stickiness decides it: in the pool, held by nobody
+    // outside the requests, and not kept already by a service earlier in name order (two
+    // imports that list one address: the first keeps it). So the first group always fits,
+    // and feeding the result back cannot change who has an IP: those who got one hold all of
+    // theirs, the others hold none.
+    let mut by_name: Vec<Request<'_>> = requests.to_vec();
+    by_name.sort_by(|a, b| a.service.cmp(b.service));
+    let mut kept_by_earlier: HashSet<IpAddr> = HashSet::new();
+    // (rank, request, the address it keeps per family), in name order.
+    let mut ranked: Vec<(u8, Request<'_>, Vec<Option<IpAddr>>)> = by_name
+        .into_iter()
+        .map(|r| {
+            let ips = existing.get(r.service).map_or(&[][..], Vec::as_slice);
+            let keeps: Vec<Option<IpAddr>> = r
+                .families
                 .iter()
-                .filter(|f| {
-                    ips.iter().any(|ip| {
-                        IpFamily::of(ip) == **f
-                            && match ip {
-                                IpAddr::V4(_) => v4.offset_of(ip).is_some(),
-                                IpAddr::V6(_) => v6.offset_of(ip).is_some(),
-                            }
-                    })
+                .map(|family| {
+                    let pool = match family {
+                        IpFamily::IPv4 => &v4,
+                        IpFamily::IPv6 => &v6,
+                    };
+                    let ip = ips.iter().copied().find(|ip| {
+                        pool.offset_of(ip).is_some()
+                            && !taken.contains_key(ip)
+                            && !kept_by_earlier.contains(ip)
+                    })?;
+                    kept_by_earlier.insert(ip);
+                    Some(ip)
                 })
-                .count()
-        });
-        match held {
-            0 => 2u8,
-            n if n == r.families.len() => 0,
-            _ => 1,
-        }
-    };
-    let mut keyed: Vec<(u8, Request<'_>)> = requests.iter().map(|r| (rank(r), *r)).collect();
-    keyed.sort_by(|(a_rank, a), (b_rank, b)| {
-        a_rank.cmp(b_rank).then_with(|| a.service.cmp(b.service))
-    });
-    let mut sorted: Vec<Request<'_>> = keyed.into_iter().map(|(_, r)| r).collect();
+                .collect();
+            let rank = match keeps.iter().flatten().count() {
+                0 => 2u8,
+                n if n == keeps.len() => 0,
+                _ => 1,
+            };
+            (rank, r, keeps)
+        })
+        .collect();
+    // Stable: name order within each group.
+    ranked.sort_by_key(|(rank, _, _)| *rank);
     let (mut left4, mut left6) = (v4.free(), v6.free());
     let mut starved = Vec::new();
-    sorted.retain(|r| {
+    ranked.retain(|(_, r, _)| {
         let need4 = u128::from(r.families.contains(&IpFamily::IPv4));
         let need6 = u128::from(r.families.contains(&IpFamily::IPv6));
         if left4 >= need4 && left6 >= need6 {
@@ -238,25 +251,20 @@ where
         }
     });
 
-    // Aligned with `sorted`: indexing beats keying 10,000 services by name.
-    let mut chosen: Vec<Vec<Option<IpAddr>>> = Vec::with_capacity(sorted.len());
-    for r in &sorted {
-        let mut slots = vec![None; r.families.len()];
-        if let Some(ips) = existing.get(r.service) {
-            for &ip in ips.iter() {
-                let Some(i) = r.families.iter().position(|f| *f == IpFamily::of(&ip)) else {
-                    continue;
-                };
-                let pool = match IpFamily::of(&ip) {
-                    IpFamily::IPv4 => &mut v4,
-                    IpFamily::IPv6 => &mut v6,
-                };
-                if slots[i].is_none() && pool.claim(&ip) {
-                    slots[i] = Some(ip);
-                }
+    // The kept addresses are distinct, in their pools and held by nobody else: every claim
+    // succeeds. A starved service's are not claimed (it gets no IPs at all).
+    let (sorted, mut chosen): (Vec<Request<'_>>, Vec<Vec<Option<IpAddr>>>) =
+        ranked.into_iter().map(|(_, r, keeps)| (r, keeps)).unzip();
+    for slots in &mut chosen {
+        for slot in slots.iter_mut() {
+            let claimed = slot.is_some_and(|ip| match ip {
+                IpAddr::V4(_) => v4.claim(&ip),
+                IpAddr::V6(_) => v6.claim(&ip),
+            });
+            if !claimed {
+                *slot = None;
             }
         }
-        chosen.push(slots);
     }
     let mut out = Vec::with_capacity(sorted.len());
     for (r, slots) in sorted.iter().zip(&mut chosen) {
@@ -273,6 +281,7 @@ where
             out.push((r.service.clone(), slots.iter().flatten().copied().collect()));
         }
     }
+    starved.sort();
     Allocation {
         ips: out.into_iter().collect(),
         starved,
@@ -296,17 +305,26 @@ mod tests {
             .expect("an import always converts")
     }
 
-    /// [`allocate`] with the IPs `existing` hold and nothing taken.
+    /// [`allocate`] with the IPs `existing` hold and nothing taken: what each service got.
     fn alloc(
         reqs: &[Request<'_>],
         existing: &[ImportRecord],
         cidrs: &ClusterSetCidrs,
     ) -> BTreeMap<NamespacedName, Vec<IpAddr>> {
+        allocate_all(reqs, existing, cidrs).ips
+    }
+
+    /// [`allocate`] with the IPs `existing` hold and nothing taken, whole.
+    fn allocate_all(
+        reqs: &[Request<'_>],
+        existing: &[ImportRecord],
+        cidrs: &ClusterSetCidrs,
+    ) -> Allocation {
         let existing: std::collections::HashMap<NamespacedName, Vec<IpAddr>> = existing
             .iter()
             .map(|i| (i.service.clone(), i.ips.clone()))
             .collect();
-        allocate(reqs, &existing, cidrs, &std::collections::HashMap::new()).ips
+        allocate(reqs, &existing, cidrs, &std::collections::HashMap::new())
     }
 
     /// CIDRs whose IPv4 one has two usable addresses.
@@ -491,6 +509,115 @@ mod tests {
                 &cidrs,
             );
             assert_ne!(got[&a][0].to_string(), bad);
+        }
+    }
+
+    /// Two imports that list one address (stale imports read at a restart): the first in
+    /// order keeps it, and the other, needing a new one, never takes the address a third
+    /// import holds alone; with room for two, it waits.
+    #[test]
+    fn a_shared_address_does_not_make_its_second_holder_take_another_ones() {
+        let (a, b, c) = (nn("a"), nn("b"), nn("c"));
+        let reqs = ipv4_requests(&[&a, &b, &c]);
+        let existing = [
+            record(import("demo", "a").ips(["10.9.0.1"])),
+            record(import("demo", "b").ips(["10.9.0.1"])),
+            record(import("demo", "c").ips(["10.9.0.2"])),
+        ];
+        let got = allocate_all(&reqs, &existing, &two_ipv4());
+        assert_eq!(
+            text(&got.ips),
+            BTreeMap::from([
+                (a.clone(), vec!["10.9.0.1".to_owned()]),
+                (c.clone(), vec!["10.9.0.2".to_owned()]),
+            ])
+        );
+        assert_eq!(got.starved, vec![b]);
+    }
+
+    /// Addresses of two-address pools (and their network and last addresses, never usable).
+    const POOL_ADDRESSES: [&str; 8] = [
+        "10.9.0.0", "10.9.0.1", "10.9.0.2", "10.9.0.3", "fd00::", "fd00::1", "fd00::2", "fd00::3",
+    ];
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1000))]
+
+        /// In pools too small for everyone: a service holding, for every family it asks for,
+        /// a usable address that no other service's import lists keeps exactly those; and
+        /// feeding the allocation back changes nothing.
+        #[test]
+        fn a_sole_holder_keeps_its_addresses_and_the_result_is_stable(
+            services in proptest::collection::vec(
+                // Usable addresses twice as often as the others.
+                (
+                    0u8..3,
+                    proptest::collection::vec(
+                        proptest::sample::select(vec![1usize, 2, 1, 2, 5, 6, 5, 6, 0, 3, 4, 7]),
+                        0..3,
+                    ),
+                ),
+                1..6,
+            ),
+        ) {
+            const FAMILIES: [&[IpFamily]; 3] = [
+                &[IpFamily::IPv4],
+                &[IpFamily::IPv6],
+                &[IpFamily::IPv4, IpFamily::IPv6],
+            ];
+            let cidrs = ClusterSetCidrs {
+                ipv4: "10.9.0.0/30".parse().expect("cidr"),
+                ipv6: "fd00::/126".parse().expect("cidr"),
+            };
+            let names: Vec<NamespacedName> =
+                (0..services.len()).map(|i| nn(&format!("s{i}"))).collect();
+            let reqs: Vec<Request<'_>> = names
+                .iter()
+                .zip(&services)
+                .map(|(service, (f, _))| Request { service, families: FAMILIES[*f as usize] })
+                .collect();
+            let listed: Vec<Vec<IpAddr>> = services
+                .iter()
+                .map(|(_, ips)| ips.iter().map(|i| POOL_ADDRESSES[*i].parse().expect("ip")).collect())
+                .collect();
+            let existing: Vec<ImportRecord> = names
+                .iter()
+                .zip(&listed)
+                .map(|(n, ips)| {
+                    let ips: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
+                    record(import("demo", &n.name).ips(ips))
+                })
+                .collect();
+            let got = allocate_all(&reqs, &existing, &cidrs);
+            let usable = |ip: &IpAddr| {
+                ["10.9.0.1", "10.9.0.2", "fd00::1", "fd00::2"].contains(&ip.to_string().as_str())
+            };
+            for (i, r) in reqs.iter().enumerate() {
+                let sole: Option<Vec<IpAddr>> = r
+                    .families
+                    .iter()
+                    .map(|f| {
+                        listed[i].iter().copied().find(|ip| IpFamily::of(ip) == *f && usable(ip))
+                    })
+                    .collect();
+                let Some(sole) = sole else { continue };
+                let shared = listed
+                    .iter()
+                    .enumerate()
+                    .any(|(j, other)| j != i && other.iter().any(|ip| sole.contains(ip)));
+                if !shared {
+                    proptest::prop_assert_eq!(got.ips.get(r.service), Some(&sole), "{:?}", got);
+                }
+            }
+            let back: Vec<ImportRecord> = got
+                .ips
+                .iter()
+                .map(|(s, ips)| {
+                    let ips: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
+                    record(import("demo", &s.name).ips(ips))
+                })
+                .collect();
+            proptest::prop_assert_eq!(allocate_all(&reqs, &back, &cidrs), got);
         }
     }
 }
