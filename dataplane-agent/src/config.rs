@@ -266,9 +266,15 @@ impl AgentConfig {
                 defaults.renew_grace,
             )?,
         };
-        if leader_election.lease_duration.as_secs() < 2
-            || leader_election.renew_grace.as_secs() < 1
-            || leader_election.renew_grace >= leader_election.lease_duration
+        // The Lease holds whole seconds (an int32), and the lease manager refuses a grace
+        // that is not shorter than the duration in whole seconds: checked here, not there.
+        let (lease_s, grace_s) = (leader_election.lease_duration, leader_election.renew_grace);
+        if lease_s.subsec_nanos() != 0
+            || grace_s.subsec_nanos() != 0
+            || lease_s.as_secs() < 2
+            || lease_s.as_secs() > i32::MAX as u64
+            || grace_s.as_secs() < 1
+            || grace_s >= lease_s
         {
             return Err(err(
                 "leaderElection: leaseDuration must be at least 2s and renewGrace at least 1s \
@@ -416,6 +422,14 @@ leaderElection: {leaseName: l, leaseDuration: 4s, renewGrace: 1s}
             (
                 "members: [{id: a}]\nleaderElection: {leaseDuration: 5s, renewGrace: 5s}\n",
                 "renewGrace",
+            ),
+            (
+                "members: [{id: a}]\nleaderElection: {leaseDuration: 2500ms, renewGrace: 2s}\n",
+                "whole seconds",
+            ),
+            (
+                "members: [{id: a}]\nleaderElection: {leaseDuration: 1000000h}\n",
+                "leaseDuration",
             ),
             (
                 "localCluster: b\nmembers: [{id: a}]\n",
