@@ -283,7 +283,8 @@ impl Rank for Arc<ImportRecord> {
     }
 }
 
-/// The lb table's rule for imports: the smallest object JSON.
+/// The lb table's rule for imports: a usable definition before one that is not (a broken copy
+/// must not hide a good one), then the smallest object JSON.
 impl Rank for ImportInput {
     fn rank(&self, other: &Self) -> Ordering {
         let json = |c: &ImportInput| {
@@ -291,14 +292,16 @@ impl Rank for ImportInput {
                 .as_ref()
                 .map(|r| serde_json::to_string(&r.to_k8s()).unwrap_or_default())
         };
-        json(self).cmp(&json(other))
+        let key = |c: &ImportInput| (c.record().is_none(), json(c));
+        key(self).cmp(&key(other))
     }
 }
 
-/// The smallest debug text.
+/// A usable definition before one that is not, then the smallest debug text.
 impl Rank for SliceInput {
     fn rank(&self, other: &Self) -> Ordering {
-        format!("{self:?}").cmp(&format!("{other:?}"))
+        let key = |c: &SliceInput| (c.record().is_none(), format!("{c:?}"));
+        key(self).cmp(&key(other))
     }
 }
 

@@ -455,6 +455,30 @@ mod tests {
         watch.abort();
     }
 
+    /// An object defined twice, once unusably (a slice without its source cluster, an import
+    /// with a malformed IP): the usable definition is the one used.
+    #[test]
+    fn a_broken_copy_does_not_hide_a_good_definition() {
+        let (dir, _) = setup();
+        write(
+            dir.path(),
+            "0-copies.yaml",
+            &docs(&[
+                import("web", "not-an-ip", 80),
+                slice("web-a", "web", 10)
+                    .replace(", multicluster.kubernetes.io/source-cluster: a", ""),
+            ]),
+        );
+        let (_, first) = NodeDir::load(dir.path()).expect("load");
+        let Change::Snapshot { imports, slices } = first else {
+            panic!("a snapshot");
+        };
+        let web = imports.iter().find(|i| i.id().to_string() == "demo/web");
+        assert!(web.and_then(|i| i.record()).is_some(), "{imports:?}");
+        let web_a = slices.iter().find(|s| s.id().to_string() == "demo/web-a");
+        assert!(web_a.and_then(|s| s.record()).is_some(), "{slices:?}");
+    }
+
     #[test]
     fn an_edit_re_reads_that_file_only_and_sends_what_differs() {
         let (dir, mut state) = setup();
