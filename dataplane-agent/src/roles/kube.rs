@@ -158,10 +158,13 @@ impl KubeModeOptions {
     }
 }
 
+/// How long a request to an API server may go without an answer.
+pub const API_READ_TIMEOUT: Duration = Duration::from_secs(295);
+
 /// A kube client for `member`; `relative_to` resolves a relative kubeconfig path (the config
 /// file's directory).
 pub async fn member_client(member: &Member, relative_to: &Path) -> Result<Client, KubeModeError> {
-    let config = match &member.kubeconfig {
+    let mut config = match &member.kubeconfig {
         Some(path) => {
             let path = relative_to.join(path);
             let fail = |source| KubeModeError::Kubeconfig {
@@ -189,6 +192,11 @@ pub async fn member_client(member: &Member, relative_to: &Path) -> Result<Client
         }
         None => kube::Config::infer().await?,
     };
+    // No response at all within this (kube sets none) fails the request, which is then
+    // retried, where a half-open connection would hang a write, and the controller's loop
+    // with it, for ever. Longer than a watch request (290 s), counted from the request.
+    config.read_timeout = Some(API_READ_TIMEOUT);
+    config.reset_reader_on_write = true;
     Client::try_from(config).map_err(|source| KubeModeError::Client {
         cluster: member.id.to_string(),
         source,

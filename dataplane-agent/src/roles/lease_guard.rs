@@ -68,8 +68,16 @@ pub async fn guard(
         // the Lease is read.
         let now = Timestamp::now();
         let deadline_now = deadline.get_or_insert_with(|| terms.deadline(now));
-        match leases.get_opt(&terms.name).await {
-            Ok(Some(lease)) => {
+        // A read that hangs (a half-open connection, a stuck API server) must not keep this
+        // replica leading past its deadline: it is given until then (and a check period once
+        // past it, to see a renewal again).
+        let until_deadline = std::time::Duration::try_from(deadline_now.duration_since(now))
+            .ok()
+            .filter(|d| !d.is_zero())
+            .map_or(terms.check_every(), |d| d.min(terms.check_every()));
+        match tokio::time::timeout(until_deadline, leases.get_opt(&terms.name)).await {
+            Err(_) => warn!("reading the controller lease timed out"),
+            Ok(Ok(Some(lease))) => {
                 let spec = lease.spec.unwrap_or_default();
                 if spec.holder_identity.as_deref() != Some(terms.identity.as_str()) {
                     // Another replica holds it: the manager will say so once it looks.
@@ -78,8 +86,8 @@ pub async fn guard(
                     *deadline_now = (*deadline_now).max(terms.deadline(renewed.0));
                 }
             }
-            Ok(None) => *deadline_now = now,
-            Err(e) => warn!(error = %e, "cannot read the controller lease"),
+            Ok(Ok(None)) => *deadline_now = now,
+            Ok(Err(e)) => warn!(error = %e, "cannot read the controller lease"),
         }
         let lead = Timestamp::now() < *deadline_now;
         let changed = leading.send_if_modified(|l| std::mem::replace(l, lead) != lead);
