@@ -18,7 +18,7 @@ use std::{
 
 use dataplane_core::{
     fixtures::{endpoint, import, imported_slice},
-    model::{IpFamily, LABEL_MANAGED_BY, MANAGED_BY},
+    model::{FIELD_MANAGER, IpFamily, LABEL_APP_MANAGED_BY, LABEL_MANAGED_BY, MANAGED_BY},
 };
 use serde_yaml::Value;
 use tests::{
@@ -213,6 +213,26 @@ fn allowed(
             && any(strings(&rule["verbs"]), verb)
             && (names.is_empty() || name.as_ref().is_some_and(|n| names.contains(n)))
     })
+}
+
+/// The admission policy names what the controller writes: both managed-by label keys and
+/// their value, and the field manager whose objects it may write again after their label was
+/// removed.
+#[test]
+fn the_admission_policy_names_the_labels_and_field_manager_the_agent_writes() {
+    let policy = yaml_docs("policy/managed-objects.yaml").remove(0);
+    let text = serde_yaml::to_string(&policy["spec"]).expect("yaml");
+    for literal in [
+        format!("'{LABEL_MANAGED_BY}'"),
+        format!("'{LABEL_APP_MANAGED_BY}'"),
+        format!("'{MANAGED_BY}'"),
+        format!("f.manager == '{FIELD_MANAGER}'"),
+    ] {
+        assert!(
+            text.contains(&literal),
+            "{literal} not in the policy: {text}"
+        );
+    }
 }
 
 /// The DaemonSet this test stands for: node role only, the capabilities of [`NODE_CAPS`] and no
