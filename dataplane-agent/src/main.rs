@@ -78,6 +78,15 @@ fn block_on<T>(role: impl std::future::Future<Output = T>) -> anyhow::Result<T> 
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    if matches!(
+        cli.command,
+        Command::Plan(_) | Command::Explain(_) | Command::Inspect(_) | Command::Crds(_)
+    ) {
+        // Commands that print for a pipe (`plan ... | head`) end quietly when it closes, as
+        // other command-line tools do; Rust ignores SIGPIPE, and `print!` would panic instead.
+        // SAFETY: setting a signal's disposition to the default; no handler runs our code.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     match cli.command {
         Command::Node(args) => {
             let cfg = args.dataplane.loader_config().map_err(anyhow::Error::msg)?;

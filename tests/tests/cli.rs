@@ -124,3 +124,25 @@ fn kubernetes_flags_on_the_command_line_are_refused_in_standalone() {
         "{err}"
     );
 }
+
+/// A printing command whose reader is gone (`plan ... | head -c1`) ends as command-line tools
+/// do, by SIGPIPE, without a panic message.
+#[test]
+fn a_closed_pipe_ends_a_printing_command_quietly() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = Command::new(agent_bin())
+        .arg("crds")
+        .stdout(writer)
+        .output()
+        .expect("run the agent");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?} {stderr}",
+        out.status
+    );
+}
