@@ -717,10 +717,33 @@ pub async fn run_elected(
             }
             _ => {}
         }
-        if leader.changed().await.is_err() {
-            metrics.leader.set(0);
-            stop(running.take(), &metrics).await;
-            return;
+        let controller_ended = async {
+            match running.as_mut() {
+                Some(task) => Some((&mut task.0).await),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = leader.changed() => if changed.is_err() {
+                metrics.leader.set(0);
+                stop(running.take(), &metrics).await;
+                return;
+            },
+            Some(outcome) = controller_ended => {
+                // A controller that panicked must not leave this replica holding the lease
+                // with nothing running: the panic goes on to the task's supervisor, which
+                // fails /healthz and exits, and another replica takes over.
+                if let Err(e) = outcome
+                    && e.is_panic()
+                {
+                    metrics.leader.set(0);
+                    std::panic::resume_unwind(e.into_panic());
+                }
+                // It ended on its own (it has nothing to do): not started again.
+                while leader.changed().await.is_ok() {}
+                metrics.leader.set(0);
+                return;
+            }
         }
     }
 }
