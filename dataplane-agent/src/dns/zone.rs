@@ -123,7 +123,7 @@ pub struct DnsService {
 /// Why a service has no records.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ZoneError {
-    #[error("service {namespace}/{name}: {what} {value:?} is not a DNS label")]
+    #[error("service {namespace}/{name}: {what} {value:?} is not a lowercase DNS label")]
     BadLabel {
         namespace: String,
         name: String,

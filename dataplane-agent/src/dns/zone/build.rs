@@ -4,7 +4,7 @@
 use super::*;
 
 /// Reduces one service to what its answers need. An error means the service has no usable DNS
-/// name (a namespace or name that is not a DNS label); it is then left out of the zone. Ports
+/// name (a namespace or name that is not a lowercase DNS label); it is then left out of the zone. Ports
 /// and endpoints with bad names are left out alone, and listed in `skipped`.
 pub fn build_service(svc: &DnsService) -> Result<ServiceRecords, ZoneError> {
     let bad = |what: &'static str, value: &str| ZoneError::BadLabel {
@@ -13,10 +13,13 @@ pub fn build_service(svc: &DnsService) -> Result<ServiceRecords, ZoneError> {
         what,
         value: value.to_owned(),
     };
-    if !is_label(&svc.namespace) {
+    // Lowercase only, as Kubernetes names are: the zone's names are case-insensitive, so
+    // `Web` and `web` (possible in hand-written files) would take each other's records.
+    let lower_label = |s: &str| is_label(s) && !s.bytes().any(|b| b.is_ascii_uppercase());
+    if !lower_label(&svc.namespace) {
         return Err(bad("namespace", &svc.namespace));
     }
-    if !is_label(&svc.name) {
+    if !lower_label(&svc.name) {
         return Err(bad("name", &svc.name));
     }
     let fqdn = service_fqdn(&svc.namespace, &svc.name).ok_or_else(|| ZoneError::NameTooLong {

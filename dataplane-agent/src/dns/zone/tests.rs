@@ -609,6 +609,13 @@ fn bad_names_leave_out_only_what_is_bad() {
     let mut long = web();
     long.name = "x".repeat(64);
     assert!(build_service(&long).is_err());
+    // Names are case-insensitive in DNS: an uppercase name would share `web`'s.
+    let mut upper = web();
+    upper.name = "Web".into();
+    assert!(matches!(
+        build_service(&upper),
+        Err(ZoneError::BadLabel { what: "name", .. })
+    ));
     // A bad port name loses its SRV only; a bad cluster id loses its endpoints only.
     let mut svc = web();
     svc.ports.push(port(Some("bad.name"), DnsProtocol::Tcp, 81));
