@@ -4,8 +4,8 @@
 use super::*;
 
 /// Reduces one service to what its answers need. An error means the service has no usable DNS
-/// name (a namespace or name that is not a lowercase DNS label); it is then left out of the zone. Ports
-/// and endpoints with bad names are left out alone, and listed in `skipped`.
+/// name (a namespace or name that is not a lowercase DNS label); it is then left out of the
+/// zone. Ports and endpoints with bad names are left out alone, and listed in `skipped`.
 pub fn build_service(svc: &DnsService) -> Result<ServiceRecords, ZoneError> {
     let bad = |what: &'static str, value: &str| ZoneError::BadLabel {
         namespace: svc.namespace.clone(),
