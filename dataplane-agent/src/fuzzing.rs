@@ -161,6 +161,7 @@ pub fn node_manifests(data: &[u8]) -> Option<NodeOutcome> {
         index.services(),
         |s| index.inputs(s),
         &AddressPolicy::default(),
+        &full.vips,
         true,
     );
     let mut answered = 0;

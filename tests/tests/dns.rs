@@ -20,7 +20,10 @@ use dataplane_agent::{
     source::node_dir::NodeInputs,
 };
 use dataplane_core::{
-    lb::inputs::{Change, InputIndex, import_input, slice_input},
+    lb::{
+        LbState,
+        inputs::{Change, InputIndex, import_input, slice_input},
+    },
     model::{Interner, NamespacedName},
     policy::AddressPolicy,
 };
@@ -131,9 +134,11 @@ fn inputs(yaml: &str) -> NodeInputs {
     out
 }
 
-/// The node's side: its input index and the zone it feeds, as `Node::apply` does.
+/// The node's side: its input index, its lb state (which service owns each VIP) and the zone
+/// it feeds, as `Node::apply` does.
 struct Feed {
     index: InputIndex,
+    lb: LbState,
     zone: DnsZone,
     synced: bool,
     /// The node's address policy (the default: the default ClusterSet CIDRs).
@@ -148,14 +153,25 @@ impl Feed {
             return;
         }
         let index = &self.index;
-        if self.synced {
-            self.zone
-                .sync(&dirty, |s| index.inputs(s), &self.policy, false);
+        let full = !self.synced;
+        let changed: Vec<NamespacedName> = if full {
+            self.lb = LbState::new(std::sync::Arc::new(self.policy.clone()));
+            index.services().cloned().collect()
         } else {
-            self.zone
-                .sync(index.services(), |s| index.inputs(s), &self.policy, true);
-            self.synced = true;
-        }
+            dirty.into_iter().collect()
+        };
+        let parts = self.lb.update_parts(&changed, |s| index.inputs(s));
+        let rebuilt = parts.services().to_vec();
+        // The parts are built and filed as the iterator is dropped.
+        drop(parts);
+        self.zone.sync(
+            &rebuilt,
+            |s| index.inputs(s),
+            &self.policy,
+            &self.lb.table().vips,
+            full,
+        );
+        self.synced = true;
     }
 }
 
@@ -169,6 +185,7 @@ async fn start() -> (Feed, DnsServer, SocketAddr) {
     let addr = server.addresses[0];
     let feed = Feed {
         index: InputIndex::default(),
+        lb: LbState::default(),
         zone,
         synced: false,
         policy: AddressPolicy::default(),
@@ -937,6 +954,7 @@ fn dual_stack_wildcard_listen_addresses_serve_both_families() {
                 .expect("a server");
             let mut feed = Feed {
                 index: InputIndex::default(),
+                lb: LbState::default(),
                 zone,
                 synced: false,
                 policy: AddressPolicy::default(),
@@ -1002,4 +1020,52 @@ spec:
             .0,
         ResponseCode::NXDomain
     );
+}
+
+/// Two imports listing one ClusterSet IP (a hand-written node directory): the lb table gives
+/// it to one of them, and only that one's name resolves to it; the other has no address
+/// record, so its name never leads to the first's backends. Once the first drops the IP, the
+/// second gets both.
+#[tokio::test]
+async fn a_clusterset_ip_listed_twice_resolves_only_for_its_owner() {
+    let (mut feed, _server, addr) = start().await;
+    let import = |name: &str, ip: &str| {
+        format!(
+            "apiVersion: multicluster.x-k8s.io/v1beta1\nkind: ServiceImport\n\
+             metadata: {{name: {name}, namespace: demo}}\n\
+             spec: {{type: ClusterSetIP, ips: [{ip}], ipFamilies: [IPv4], ports: [{{name: http, protocol: TCP, port: 80}}]}}\n"
+        )
+    };
+    let names = Interner::new();
+    let both = format!(
+        "{}---\n{}",
+        import("a", "241.0.0.10"),
+        import("b", "241.0.0.10")
+    );
+    feed.apply(inputs(&both).change(&names));
+    let a_name = "a.demo.svc.clusterset.local.";
+    let b_name = "b.demo.svc.clusterset.local.";
+    let (a, b) = (
+        data(addr, a_name, RecordType::A).await,
+        data(addr, b_name, RecordType::A).await,
+    );
+    let owners = usize::from(!a.1.is_empty()) + usize::from(!b.1.is_empty());
+    assert_eq!(owners, 1, "one name has the address: {a:?} {b:?}");
+    let (owner, other) = if a.1.is_empty() {
+        (b_name, "a")
+    } else {
+        (a_name, "b")
+    };
+    assert!(data(addr, owner, RecordType::A).await.1[0].ends_with("241.0.0.10"));
+
+    // The owner moves to another address: the other service gets this one.
+    let owner_short = if owner == a_name { "a" } else { "b" };
+    feed.apply(Change::Import(import_input(
+        &inputs(&import(owner_short, "241.0.0.11")).imports[0],
+        &names,
+    )));
+    let other_name = format!("{other}.demo.svc.clusterset.local.");
+    let moved = data(addr, &other_name, RecordType::A).await.1;
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    assert!(moved[0].ends_with("241.0.0.10"), "{moved:?}");
 }

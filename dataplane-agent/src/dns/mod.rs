@@ -28,6 +28,9 @@ use dataplane_core::{
 };
 use zone::{DnsEndpoint, DnsKind, DnsPort, DnsProtocol, DnsService, ServiceRecords, Zone};
 
+/// The service each programmed ClusterSet IP belongs to (the lb table's `vips`).
+pub type VipOwners = std::collections::BTreeMap<IpAddr, NamespacedName>;
+
 /// The DNS view of one service: its import (the one the lb table uses when a directory lists
 /// it twice) and its imported slices. `None` when the service has no import.
 ///
@@ -38,11 +41,14 @@ use zone::{DnsEndpoint, DnsKind, DnsPort, DnsProtocol, DnsService, ServiceRecord
 /// place: an IP beyond the listed families is left out, so a family is answered only when the
 /// import lists it. A ClusterSet IP or an endpoint address that `policy` refuses is left out
 /// too, as the lb table leaves it out: no name leads a client to an address the datapath
-/// refuses (the cloud metadata service, loopback, an IP outside the ClusterSet CIDRs).
+/// refuses (the cloud metadata service, loopback, an IP outside the ClusterSet CIDRs). A
+/// ClusterSet IP that the lb table gave another service (`vips`: two imports listing one IP)
+/// is left out too: the name would lead to that service's backends.
 pub fn dns_service(
     service: &NamespacedName,
     inputs: ServiceInputs<'_>,
     policy: &AddressPolicy,
+    vips: &VipOwners,
 ) -> Option<DnsService> {
     let mut imports = inputs.imports.iter().filter_map(|c| c.record());
     let first = imports.next()?;
@@ -83,6 +89,7 @@ pub fn dns_service(
             };
             if listed
                 && policy.check_vip(ip).is_ok()
+                && vips.get(&ip).is_none_or(|owner| owner == service)
                 && !ips.iter().any(|v| IpFamily::of(v) == family)
             {
                 ips.push(ip);
@@ -165,12 +172,13 @@ impl DnsZone {
         services: impl IntoIterator<Item = &'n NamespacedName>,
         inputs: impl Fn(&NamespacedName) -> ServiceInputs<'a>,
         policy: &AddressPolicy,
+        vips: &VipOwners,
         full: bool,
     ) {
         let built: Vec<(zone::ServiceKey, Option<ServiceRecords>)> = services
             .into_iter()
             .map(|s| {
-                let records = dns_service(s, inputs(s), policy).and_then(|svc| {
+                let records = dns_service(s, inputs(s), policy, vips).and_then(|svc| {
                     zone::build_service(&svc)
                         .inspect_err(|e| warn!(service = %s, "no DNS records: {e}"))
                         .ok()

@@ -175,16 +175,6 @@ impl Node {
         if !self.inputs.is_ready() {
             return None;
         }
-        if let Some(dns) = &self.dns {
-            let inputs = &self.inputs;
-            if self.synced {
-                if !dirty.is_empty() {
-                    dns.sync(&dirty, |s| inputs.inputs(s), &self.policy, false);
-                }
-            } else {
-                dns.sync(inputs.services(), |s| inputs.inputs(s), &self.policy, true);
-            }
-        }
         // The first sync is a full one: it prunes what adopted maps hold that the inputs do
         // not. Later ones rebuild and write only the services that changed. The lb state keeps
         // no frontends: each rebuilt service's part goes to the writer, which keeps a digest.
@@ -212,6 +202,13 @@ impl Node {
             Scope::Services(&rebuilt)
         };
         let report = self.sync.sync(scope, desired, &mut self.maps);
+        // The zone follows the rebuilt services (those whose ClusterSet IPs may have moved
+        // between them too), after the lb table has said which service owns each VIP.
+        if let Some(dns) = &self.dns {
+            let inputs = &self.inputs;
+            let vips = &self.lb.table().vips;
+            dns.sync(&rebuilt, |s| inputs.inputs(s), &self.policy, vips, full);
+        }
         for service in &rebuilt {
             for w in self.lb.warnings_of(service) {
                 warn!(object = %w.object, "{}", w.message);
