@@ -69,13 +69,14 @@ pub async fn guard(
         let now = Timestamp::now();
         let deadline_now = deadline.get_or_insert_with(|| terms.deadline(now));
         // A read that hangs (a half-open connection, a stuck API server) must not keep this
-        // replica leading past its deadline: it is given until then (and a check period once
-        // past it, to see a renewal again).
-        let until_deadline = std::time::Duration::try_from(deadline_now.duration_since(now))
+        // replica leading past its deadline: it is given until then. Once past it (stepped
+        // down, nothing left to protect), a slow read gets a whole lease duration, so that a
+        // slow API server still lets it see a renewal and lead again.
+        let time_limit = std::time::Duration::try_from(deadline_now.duration_since(now))
             .ok()
             .filter(|d| !d.is_zero())
-            .map_or(terms.check_every(), |d| d.min(terms.check_every()));
-        match tokio::time::timeout(until_deadline, leases.get_opt(&terms.name)).await {
+            .unwrap_or(terms.duration);
+        match tokio::time::timeout(time_limit, leases.get_opt(&terms.name)).await {
             Err(_) => warn!("reading the controller lease timed out"),
             Ok(Ok(Some(lease))) => {
                 let spec = lease.spec.unwrap_or_default();
