@@ -161,10 +161,20 @@ impl KubeModeOptions {
 /// How long a request to an API server may go without an answer.
 pub const API_READ_TIMEOUT: Duration = Duration::from_secs(295);
 
+/// `config` with [`API_READ_TIMEOUT`]: no response at all within it (kube sets no limit)
+/// fails the request, which is then retried, where a half-open connection would hang a write,
+/// and the controller's loop with it, for ever. Longer than a watch request (290 s), counted
+/// from the request.
+fn with_read_timeout(mut config: kube::Config) -> kube::Config {
+    config.read_timeout = Some(API_READ_TIMEOUT);
+    config.reset_reader_on_write = true;
+    config
+}
+
 /// A kube client for `member`; `relative_to` resolves a relative kubeconfig path (the config
 /// file's directory).
 pub async fn member_client(member: &Member, relative_to: &Path) -> Result<Client, KubeModeError> {
-    let mut config = match &member.kubeconfig {
+    let config = match &member.kubeconfig {
         Some(path) => {
             let path = relative_to.join(path);
             let fail = |source| KubeModeError::Kubeconfig {
@@ -192,12 +202,7 @@ pub async fn member_client(member: &Member, relative_to: &Path) -> Result<Client
         }
         None => kube::Config::infer().await?,
     };
-    // No response at all within this (kube sets none) fails the request, which is then
-    // retried, where a half-open connection would hang a write, and the controller's loop
-    // with it, for ever. Longer than a watch request (290 s), counted from the request.
-    config.read_timeout = Some(API_READ_TIMEOUT);
-    config.reset_reader_on_write = true;
-    Client::try_from(config).map_err(|source| KubeModeError::Client {
+    Client::try_from(with_read_timeout(config)).map_err(|source| KubeModeError::Client {
         cluster: member.id.to_string(),
         source,
     })
@@ -282,12 +287,11 @@ pub async fn connect(
     let local = match &config.local_cluster {
         Some(id) => id.clone(),
         None => {
-            let client = Client::try_from(kube::Config::infer().await?).map_err(|source| {
-                KubeModeError::Client {
+            let client = Client::try_from(with_read_timeout(kube::Config::infer().await?))
+                .map_err(|source| KubeModeError::Client {
                     cluster: "local".into(),
                     source,
-                }
-            })?;
+                })?;
             // An API server that is away (or slow to come up) is waited for; a missing
             // property is an error.
             let mut backoff = Duration::from_millis(500);
