@@ -269,10 +269,10 @@ impl Rank for Arc<ExportRecord> {
     }
 }
 
-/// The merge's rule for slices, which have no order: the smallest debug text.
+/// The merge's rule for slices ([`LocalSlice::duplicate_rank`]).
 impl Rank for Arc<LocalSlice> {
     fn rank(&self, other: &Self) -> Ordering {
-        format!("{self:?}").cmp(&format!("{other:?}"))
+        self.duplicate_rank(other)
     }
 }
 

@@ -288,8 +288,7 @@ impl MergeState {
                 match filed.get_mut(&slice.id) {
                     Some(existing) => {
                         diagnostics.push(dup("EndpointSlice", &slice.id));
-                        // Slices are not ordered: the smallest debug text, only for duplicates.
-                        if format!("{slice:?}") < format!("{existing:?}") {
+                        if slice.duplicate_rank(existing).is_lt() {
                             *existing = Arc::clone(slice);
                         }
                     }

@@ -486,6 +486,37 @@ fn duplicate_cluster_snapshots_are_combined_and_reported() {
     assert!(plan.diagnostics[0].message.contains("given more than once"));
 }
 
+/// A slice defined twice, once without its Service label or with an address type that is not
+/// IPv4/IPv6: the usable definition is merged, whichever comes first.
+#[test]
+fn a_broken_copy_of_a_slice_does_not_hide_the_good_one() {
+    let c1 = cluster("c1");
+    let good = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+        metadata: {name: web-1, namespace: demo, labels: {kubernetes.io/service-name: web}}\n\
+        addressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints: [{addresses: [10.0.0.1]}]\n";
+    let no_label = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+        metadata: {name: web-1, namespace: demo}\n\
+        addressType: IPv4\nports: [{name: http, port: 8080}]\nendpoints: [{addresses: [10.0.0.9]}]\n";
+    let bad_type = good.replace("addressType: IPv4", "addressType: IPv5");
+    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: demo}\n\
+        spec: {ports: [{name: http, port: 80}], ipFamilies: [IPv4]}\n---\n\
+        apiVersion: multicluster.x-k8s.io/v1beta1\nkind: ServiceExport\n\
+        metadata: {name: web, namespace: demo}\n";
+    for broken in [no_label, bad_type.as_str()] {
+        for pair in [[good, broken], [broken, good]] {
+            let text = format!("{service}---\n{}---\n{}", pair[0], pair[1]);
+            let snap = snapshot("c1").manifests(manifests(&text)).build();
+            let plan = merge(&[snap], &ClusterSetConfig::default(), &c1, &[]);
+            let addrs: Vec<String> = plan
+                .endpoint_slices
+                .iter()
+                .flat_map(|s| s.endpoints.list().map(|e| e.addr.to_string()))
+                .collect();
+            assert_eq!(addrs, ["10.0.0.1"], "{pair:?}");
+        }
+    }
+}
+
 /// Slice names do not always sort like their services ("web" < "web-a", but
 /// "web-a-c1-ipv4" < "web-c1-ipv4"): the plan still lists slices by name.
 #[test]

@@ -174,6 +174,15 @@ impl LocalSlice {
         self.family.as_ref().ok().copied()
     }
 
+    /// Which of two definitions of one slice (in two files) is used: `Less` for `self`. A
+    /// usable one (a service label, an IPv4 or IPv6 `addressType`) before one that is not, so
+    /// that a broken copy never hides a good one; then the smallest debug text (slices have
+    /// no order of their own).
+    pub fn duplicate_rank(&self, other: &Self) -> std::cmp::Ordering {
+        let key = |s: &Self| (s.service.is_none(), s.family.is_err(), format!("{s:?}"));
+        key(self).cmp(&key(other))
+    }
+
     /// Converts a local EndpointSlice.
     pub fn from_k8s(slice: &EndpointSlice, names: &Interner) -> Self {
         let (namespace, name) = key(&slice.metadata);
