@@ -590,6 +590,16 @@ impl Zone {
 
     /// Replaces service `key` with `records` (`None`: the service is gone).
     pub fn splice(&mut self, key: ServiceKey, records: Option<ServiceRecords>) {
+        // A name with uppercase letters never has records (`build_service`), and its
+        // case-insensitive name is another service's: nothing of its own to replace.
+        if key
+            .0
+            .bytes()
+            .chain(key.1.bytes())
+            .any(|b| b.is_ascii_uppercase())
+        {
+            return;
+        }
         let Some(fqdn) = service_fqdn(&key.0, &key.1) else {
             return;
         };

@@ -609,13 +609,25 @@ fn bad_names_leave_out_only_what_is_bad() {
     let mut long = web();
     long.name = "x".repeat(64);
     assert!(build_service(&long).is_err());
-    // Names are case-insensitive in DNS: an uppercase name would share `web`'s.
+    // Names are case-insensitive in DNS: an uppercase name would share `web`'s. It gets no
+    // records, and a change to it leaves `web`'s alone.
     let mut upper = web();
     upper.name = "Web".into();
     assert!(matches!(
         build_service(&upper),
         Err(ZoneError::BadLabel { what: "name", .. })
     ));
+    let mut zone = zone_of(&[web()]);
+    zone.splice(("demo".into(), "Web".into()), None);
+    assert_eq!(
+        ask(&zone, "web.demo.svc.clusterset.local.", RecordType::A).0,
+        ResponseCode::NoError
+    );
+    assert!(
+        !ask(&zone, "web.demo.svc.clusterset.local.", RecordType::A)
+            .1
+            .is_empty()
+    );
     // A bad port name loses its SRV only; a bad cluster id loses its endpoints only.
     let mut svc = web();
     svc.ports.push(port(Some("bad.name"), DnsProtocol::Tcp, 81));
