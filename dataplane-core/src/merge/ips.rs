@@ -6,8 +6,7 @@
 //!
 //! 1. Stickiness: an IP that the importing cluster's existing import of the same service holds
 //!    is kept while it stays valid: inside the CIDR, usable, of a family the import still has,
-//!    and not already kept by a service earlier in the order below (holders first, then
-//!    namespace/name order).
+//!    and not already kept by a service earlier in namespace/name order.
 //! 2. The rest are allocated in namespace/name order: FNV-1a 64 of `namespace/name` picks a
 //!    start offset, then linear probing finds the first free address. Neither step depends on
 //!    the order of the inputs, and feeding the result back as the existing imports changes
@@ -123,6 +122,13 @@ impl<'a, S: BuildHasher> Pool<'a, S> {
         }
     }
 
+    /// Gives back an address [`claim`](Self::claim) took.
+    fn release(&mut self, ip: &IpAddr) {
+        if let Some(off) = self.offset_of(ip) {
+            self.taken.remove(&off);
+        }
+    }
+
     fn allocate(&mut self, service: &NamespacedName) -> Option<IpAddr> {
         if self.usable == 0 {
             return None;
@@ -195,15 +201,14 @@ where
     // When a CIDR is too small, the services that can keep an address of every family they
     // ask for come first, then those that can keep some, then the others, each group in
     // namespace/name order: a newly exported service (or one that adds a family) waits for
-    // an address rather than taking one that clients of another service use. Whether an
-    // address can be kept is decided as stickiness decides it: in the pool, held by nobody
-    // outside the requests, and not kept already by a service earlier in name order (two
-    // imports that list one address: the first keeps it). So the first group always fits,
-    // and feeding the result back cannot change who has an IP: those who got one hold all of
-    // theirs, the others hold none.
+    // an address rather than taking one that clients of another service use. Each service
+    // claims, in name order, what it can keep (stickiness: in the pool, held by nobody
+    // outside the requests, not kept by a service earlier in name order), so the first group
+    // always fits, and feeding the result back cannot change who has an IP: those who got one
+    // hold all of theirs, the others hold none.
+    let (mut left4, mut left6) = (v4.free(), v6.free());
     let mut by_name: Vec<Request<'_>> = requests.to_vec();
     by_name.sort_by(|a, b| a.service.cmp(b.service));
-    let mut kept_by_earlier: HashSet<IpAddr> = HashSet::new();
     // (rank, request, the address it keeps per family), in name order.
     let mut ranked: Vec<(u8, Request<'_>, Vec<Option<IpAddr>>)> = by_name
         .into_iter()
@@ -214,16 +219,10 @@ where
                 .iter()
                 .map(|family| {
                     let pool = match family {
-                        IpFamily::IPv4 => &v4,
-                        IpFamily::IPv6 => &v6,
+                        IpFamily::IPv4 => &mut v4,
+                        IpFamily::IPv6 => &mut v6,
                     };
-                    let ip = ips.iter().copied().find(|ip| {
-                        pool.offset_of(ip).is_some()
-                            && !taken.contains_key(ip)
-                            && !kept_by_earlier.contains(ip)
-                    })?;
-                    kept_by_earlier.insert(ip);
-                    Some(ip)
+                    ips.iter().copied().find(|ip| pool.claim(ip))
                 })
                 .collect();
             let rank = match keeps.iter().flatten().count() {
@@ -236,9 +235,8 @@ where
         .collect();
     // Stable: name order within each group.
     ranked.sort_by_key(|(rank, _, _)| *rank);
-    let (mut left4, mut left6) = (v4.free(), v6.free());
     let mut starved = Vec::new();
-    ranked.retain(|(_, r, _)| {
+    ranked.retain(|(_, r, keeps)| {
         let need4 = u128::from(r.families.contains(&IpFamily::IPv4));
         let need6 = u128::from(r.families.contains(&IpFamily::IPv6));
         if left4 >= need4 && left6 >= need6 {
@@ -246,26 +244,19 @@ where
             left6 -= need6;
             true
         } else {
+            // It gets no IPs at all: what it kept is free again.
+            for ip in keeps.iter().flatten() {
+                match ip {
+                    IpAddr::V4(_) => v4.release(ip),
+                    IpAddr::V6(_) => v6.release(ip),
+                }
+            }
             starved.push(r.service.clone());
             false
         }
     });
-
-    // The kept addresses are distinct, in their pools and held by nobody else: every claim
-    // succeeds. A starved service's are not claimed (it gets no IPs at all).
     let (sorted, mut chosen): (Vec<Request<'_>>, Vec<Vec<Option<IpAddr>>>) =
         ranked.into_iter().map(|(_, r, keeps)| (r, keeps)).unzip();
-    for slots in &mut chosen {
-        for slot in slots.iter_mut() {
-            let claimed = slot.is_some_and(|ip| match ip {
-                IpAddr::V4(_) => v4.claim(&ip),
-                IpAddr::V6(_) => v6.claim(&ip),
-            });
-            if !claimed {
-                *slot = None;
-            }
-        }
-    }
     let mut out = Vec::with_capacity(sorted.len());
     for (r, slots) in sorted.iter().zip(&mut chosen) {
         for (i, f) in r.families.iter().enumerate() {
