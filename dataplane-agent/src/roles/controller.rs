@@ -221,17 +221,12 @@ impl Controller {
         (services.into_iter().collect(), merged.len())
     }
 
-    /// Whether every complete list of `member` has been filed.
-    fn heard_from(&self, member: &ClusterId) -> bool {
-        self.heard.get(member) == Some(&ALL_LISTS)
-    }
-
     /// Before the first merge: holds the `existing` imports that name a member not heard from
     /// yet (a controller started during its outage), so that they keep their ClusterSet IPs
     /// instead of being deleted for want of that member's exports.
     fn hold_unheard(&mut self, existing: &[ImportRecord]) {
         let unheard: Vec<ClusterId> = (self.remote.iter())
-            .filter(|c| !self.heard_from(c))
+            .filter(|c| !heard_from(&self.heard, c))
             .cloned()
             .collect();
         if unheard.is_empty() {
@@ -264,7 +259,7 @@ impl Controller {
         let mut done = BTreeSet::new();
         let heard = &self.heard;
         self.holds.retain(|service, waits| {
-            waits.retain(|c| heard.get(c) != Some(&ALL_LISTS));
+            waits.retain(|c| !heard_from(heard, c));
             if waits.is_empty() {
                 done.insert(service.clone());
             }
@@ -617,6 +612,11 @@ pub async fn run(
 /// Every complete list of a member: its Services, ServiceExports and local slices.
 const ALL_LISTS: u8 = 0b111;
 
+/// Whether every complete list of `member` has been filed (`heard`: [`list_bit`]s by member).
+fn heard_from(heard: &HashMap<ClusterId, u8>, member: &ClusterId) -> bool {
+    heard.get(member) == Some(&ALL_LISTS)
+}
+
 /// The member and kind of a complete list.
 fn list_bit(change: &MemberChange) -> Option<(&ClusterId, u8)> {
     match change {
@@ -719,7 +719,7 @@ pub async fn run_elected(
         }
         let controller_ended = async {
             match running.as_mut() {
-                Some(task) => Some((&mut task.0).await),
+                Some(task) => (&mut task.0).await,
                 None => std::future::pending().await,
             }
         };
@@ -729,7 +729,7 @@ pub async fn run_elected(
                 stop(running.take(), &metrics).await;
                 return;
             },
-            Some(outcome) = controller_ended => {
+            outcome = controller_ended => {
                 // A controller that panicked must not leave this replica holding the lease
                 // with nothing running: the panic goes on to the task's supervisor, which
                 // fails /healthz and exits, and another replica takes over.

@@ -64,7 +64,7 @@ pub struct Node {
     /// Whether the first (full) sync has run.
     synced: bool,
     /// The pin directory, whose older layout versions are retired after the first sync.
-    pin_dir: std::path::PathBuf,
+    pin_dir: PathBuf,
     /// Services whose last write failed (a full map, a kernel error): tried again on their
     /// own schedule ([`run_with`]), or with a change of their own.
     retry: BTreeSet<NamespacedName>,
@@ -239,12 +239,8 @@ impl Node {
                 "maps synced"
             }
         );
-        // Those written now are no longer waiting (full: every service was).
-        if full {
-            self.retry.clear();
-        } else {
-            self.retry.retain(|s| !rebuilt.contains(s));
-        }
+        // Those written now are no longer waiting.
+        self.retry.retain(|s| !rebuilt.contains(s));
         for failure in &report.failed {
             error!("{failure}");
             self.retry.insert(failure.service().clone());
