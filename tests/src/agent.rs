@@ -125,12 +125,35 @@ impl Agent {
         timeout: Duration,
         pred: impl Fn(&Inspection) -> bool,
     ) -> anyhow::Result<Inspection> {
+        self.wait_until(what, timeout, |agent| {
+            inspect(&agent.pin_dir).ok().filter(|i| pred(i))
+        })
+    }
+
+    /// Waits until the agent's log satisfies `pred` (while it runs), or fails with the log
+    /// after `timeout`. Returns the log.
+    pub fn wait_log(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> anyhow::Result<String> {
+        self.wait_until(what, timeout, |agent| {
+            Some(agent.log_text()).filter(|log| pred(log))
+        })
+    }
+
+    /// Polls `check` until it gives a value, while the agent runs and `timeout` lasts.
+    fn wait_until<T>(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn(&Agent) -> Option<T>,
+    ) -> anyhow::Result<T> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Ok(i) = inspect(&self.pin_dir)
-                && pred(&i)
-            {
-                return Ok(i);
+            if let Some(found) = check(self) {
+                return Ok(found);
             }
             if Instant::now() > deadline || !self.running() {
                 bail!(

@@ -1014,19 +1014,10 @@ fn an_upgrade_detaches_the_links_of_older_layout_versions() {
     })
     .unwrap();
     // After its first full sync, which the maps show a moment before.
-    let deadline = Instant::now() + SYNC_TIMEOUT;
-    while old_dir.exists()
-        || !new
-            .log_text()
-            .contains("detached the links of older layout versions")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the old layout is not retired: {}",
-            new.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    new.wait_log("the old layout retired", SYNC_TIMEOUT, |log| {
+        !old_dir.exists() && log.contains("detached the links of older layout versions")
+    })
+    .unwrap();
     let progs = topo.attached_programs();
     assert_eq!(progs.get("connect4"), Some(&1), "{progs:?}");
     assert_eq!(progs.values().sum::<usize>(), 9, "{progs:?}");

@@ -322,15 +322,11 @@ fn node_role_follows_imported_slices_from_the_api() {
     wait_http(&mut agent, health_port, "/healthz", 200).expect("alive while waiting");
     let (code, _) = http_get(health_port, "/readyz").expect("readyz");
     assert_eq!(code, 503, "ready before it knows its cluster");
-    let deadline = Instant::now() + WAIT;
-    while !agent.log_text().contains("cannot read the ClusterProperty") {
-        assert!(
-            Instant::now() < deadline && agent.running(),
-            "{}",
-            agent.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    agent
+        .wait_log("the ClusterProperty retries", WAIT, |log| {
+            log.contains("cannot read the ClusterProperty")
+        })
+        .expect("waiting for the API server");
     rt.block_on(east.resume()).expect("east is back");
 
     // The elected controller writes the import; its ClusterSet IP is the frontend.
@@ -654,15 +650,8 @@ fn an_upgrade_keeps_the_older_layout_translating_until_the_first_sync() {
     let args = node_only_args(&config, &telemetry);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut new = Agent::start_in(&topo, &new_dir, &args, &[]).expect("new agent");
-    let deadline = Instant::now() + WAIT;
-    while !new.log_text().contains("dataplane ready") {
-        assert!(
-            Instant::now() < deadline && new.running(),
-            "{}",
-            new.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    new.wait_log("the programs", WAIT, |log| log.contains("dataplane ready"))
+        .expect("attached");
     let probe = |what: &str, log: String| {
         let attempts = topo
             .probe("tcp", &format!("{vip}:80"), &["--count", "5"])
@@ -680,19 +669,10 @@ fn an_upgrade_keeps_the_older_layout_translating_until_the_first_sync() {
     assert!(!new.log_text().contains("older layout versions"));
 
     rt.block_on(api.resume()).expect("api is back");
-    let deadline = Instant::now() + WAIT;
-    while old_dir.exists()
-        || !new
-            .log_text()
-            .contains("detached the links of older layout versions")
-    {
-        assert!(
-            Instant::now() < deadline && new.running(),
-            "{}",
-            new.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    new.wait_log("the old layout retired", WAIT, |log| {
+        !old_dir.exists() && log.contains("detached the links of older layout versions")
+    })
+    .expect("retired after the first sync");
     let progs = topo.attached_programs();
     assert_eq!(progs.get("connect4"), Some(&1), "{progs:?}");
     probe("after the new agent's first sync", new.log_text());

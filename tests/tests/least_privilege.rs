@@ -316,15 +316,9 @@ fn node_role_routes_with_only_bpf_net_admin_and_perfmon_on_a_read_only_cgroup() 
     agent
         .wait_for("the import after the restart", WAIT, routed)
         .expect("routed again");
-    let deadline = Instant::now() + WAIT;
-    while !agent.log_text().contains("dataplane ready") {
-        assert!(
-            Instant::now() < deadline && agent.running(),
-            "{}",
-            agent.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    agent
+        .wait_log("the dataplane", WAIT, |log| log.contains("dataplane ready"))
+        .expect("started");
     assert!(
         agent
             .log_text()
