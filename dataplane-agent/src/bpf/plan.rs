@@ -3,7 +3,11 @@
 //! not). Ids and slot ranges are taken from the pools at once, so the plans of one batch never
 //! collide; what a change frees is given back only once it is written.
 
-use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    sync::Arc,
+};
 
 use dataplane_core::model::NamespacedName;
 use dataplane_ebpf::{AffinityMatchKey, ClusterName, FRONTEND_F_AFFINITY, Slot};
@@ -26,6 +30,29 @@ fn matches(id: u32, backends: impl Iterator<Item = ([u32; 4], u16)>) -> BTreeSet
             addr,
         })
         .collect()
+}
+
+impl Change {
+    /// The entry the change removed (or rewrote) at `key`, as it was.
+    pub(super) fn removed(&self, key: FeKey) -> Option<(FeAddr, &Installed)> {
+        self.was.iter().rev().find_map(|(addr, was)| {
+            was.as_ref()
+                .filter(|_| addr.key() == key)
+                .map(|i| (*addr, i))
+        })
+    }
+
+    /// A removed frontend not deleted (its delete failed, or was held back): its id and slot
+    /// range stay taken, and it still counts in its map. Returns it, for the mirror.
+    pub(super) fn keep_undeleted(&mut self, key: FeKey) -> Option<(FeAddr, Installed)> {
+        let (addr, inst) = self.removed(key).map(|(a, i)| (a, i.clone()))?;
+        self.freed_ids.retain(|i| *i != inst.id);
+        self.freed_ranges.retain(|r| *r != inst.range);
+        if let Some(i) = self.fe_removed.iter().position(|m| *m == key.map()) {
+            self.fe_removed.swap_remove(i);
+        }
+        Some((addr, inst))
+    }
 }
 
 impl MapSync {
@@ -186,37 +213,9 @@ impl MapSync {
         let wanted: BTreeSet<&FeAddr> = d.frontends.iter().map(|(a, _)| a).collect();
         // Ports sort before their VIP's wildcard: a VIP that goes away refuses until it is gone.
         for addr in owned.iter().flatten() {
-            if wanted.contains(addr) {
-                continue;
+            if !wanted.contains(addr) {
+                self.plan_delete(service, addr, change, maps)?;
             }
-            let Some(inst) = self.frontends.get(addr).filter(|i| i.service == *service) else {
-                continue;
-            };
-            let inst = inst.clone();
-            let key = addr.key();
-            change.deletes.push(MapOp::DelFrontend(key));
-            if inst.affinity() && !inst.broken {
-                let old = matches(
-                    inst.id,
-                    Self::installed_backends(&inst, maps, service)?.into_iter(),
-                );
-                change.affinity_removed += old.len() as u64;
-                change
-                    .deletes
-                    .extend(old.into_iter().map(MapOp::DelAffinityMatch));
-            }
-            change.deletes.push(MapOp::DelName(inst.id));
-            change.freed_ids.push(inst.id);
-            if inst.range.len > 0 {
-                change.freed_ranges.push(inst.range);
-            }
-            change.fe_removed.push(key.map());
-            for c in inst.clusters.iter() {
-                self.clusters.drop_ref(*c);
-                change.cluster_refs.push((*c, -1));
-            }
-            self.frontends.swap_remove(addr);
-            change.was.push((*addr, Some(inst)));
         }
         if d.frontends.is_empty() {
             self.by_service.remove(service);
@@ -227,6 +226,119 @@ impl MapSync {
             );
         }
         Ok(())
+    }
+
+    /// Plans the delete of `addr` when `service` owns it.
+    fn plan_delete(
+        &mut self,
+        service: &NamespacedName,
+        addr: &FeAddr,
+        change: &mut Change,
+        maps: &mut impl MapWriter,
+    ) -> Result<(), SyncError> {
+        let Some(inst) = self.frontends.get(addr).filter(|i| i.service == *service) else {
+            return Ok(());
+        };
+        let inst = inst.clone();
+        let key = addr.key();
+        change.deletes.push(MapOp::DelFrontend(key));
+        if inst.affinity() && !inst.broken {
+            let old = matches(
+                inst.id,
+                Self::installed_backends(&inst, maps, service)?.into_iter(),
+            );
+            change.affinity_removed += old.len() as u64;
+            change
+                .deletes
+                .extend(old.into_iter().map(MapOp::DelAffinityMatch));
+        }
+        change.deletes.push(MapOp::DelName(inst.id));
+        change.freed_ids.push(inst.id);
+        if inst.range.len > 0 {
+            change.freed_ranges.push(inst.range);
+        }
+        change.fe_removed.push(key.map());
+        for c in inst.clusters.iter() {
+            self.clusters.drop_ref(*c);
+            change.cluster_refs.push((*c, -1));
+        }
+        self.frontends.swap_remove(addr);
+        change.was.push((*addr, Some(inst)));
+        Ok(())
+    }
+
+    /// Plans the deletes of the held entries (service, entry) that their service still owns:
+    /// entries a flush held back ([`MapSync::keep_entry`]) and no later change took over. A
+    /// service whose deletes cannot be planned keeps them in the mirror and goes to
+    /// `undeleted`, for its next sync.
+    pub(super) fn plan_drops(
+        &mut self,
+        held: Vec<(NamespacedName, FeAddr)>,
+        maps: &mut impl MapWriter,
+        undeleted: &mut Vec<NamespacedName>,
+    ) -> Vec<Change> {
+        let mut by_service: BTreeMap<NamespacedName, BTreeSet<FeAddr>> = BTreeMap::new();
+        for (service, addr) in held {
+            by_service.entry(service).or_default().insert(addr);
+        }
+        let mut batch = Vec::new();
+        // Sorted: ports before their VIP's wildcard.
+        for (service, addrs) in by_service {
+            let mut change = Change {
+                service: service.clone(),
+                ..Change::default()
+            };
+            let owned = self.by_service.get(&service).cloned();
+            change.was_owned.push((service.clone(), owned.clone()));
+            let planned = addrs
+                .iter()
+                .try_for_each(|a| self.plan_delete(&service, a, &mut change, maps));
+            if planned.is_err() {
+                self.rollback(change);
+                undeleted.push(service);
+                continue;
+            }
+            // What the service still owns: not the held entries deleted here or taken over by
+            // a later change.
+            let rest: Vec<FeAddr> = owned
+                .into_iter()
+                .flatten()
+                .filter(|a| {
+                    !addrs.contains(a)
+                        || self.frontends.get(a).is_some_and(|i| i.service == service)
+                })
+                .collect();
+            if rest.is_empty() {
+                self.by_service.remove(&service);
+            } else {
+                self.by_service.insert(service.clone(), rest);
+            }
+            if !change.deletes.is_empty() {
+                batch.push(change);
+            }
+        }
+        batch
+    }
+
+    /// Files a removed entry that is still in the maps (its delete failed twice, or a flush
+    /// held it back) as its service's again, so that a later change of the service deletes
+    /// it, or of its address takes it over. Broken: its name and affinity matches may be gone,
+    /// so a takeover rewrites it whole. Its id, range and cluster names stay taken meanwhile.
+    pub(super) fn keep_entry(&mut self, addr: FeAddr, inst: Installed) {
+        for c in inst.clusters.iter() {
+            self.clusters.add_ref(*c);
+        }
+        let list = self.by_service.entry(inst.service.clone()).or_default();
+        if let Err(i) = list.binary_search(&addr) {
+            list.insert(i, addr);
+        }
+        self.install(
+            addr,
+            Installed {
+                broken: true,
+                ..inst
+            },
+        );
     }
 
     fn plan_frontend(

@@ -34,9 +34,11 @@
 //!
 //! A VIP that moves between services in one sync is written over: the new owner's flip
 //! replaces the old owner's entry in one update, and the old owner's delete of that key is
-//! dropped, so the VIP never goes missing from the maps. (Unless the maps are full: a new owner
-//! that only fits once the old owner's removal has made room is written after it, and the VIP
-//! is absent in between; `SyncReport::retried` counts those services.)
+//! dropped, so the VIP never goes missing from the maps. A flush before the end of the sync (a
+//! full batch, or a failed batch redone service by service) holds its frontend deletes back
+//! until the sync's end, for a later change that takes the key over. (Unless the maps are
+//! full: a new owner that only fits once the old owner's removal has made room is written
+//! after it, and the VIP is absent in between; `SyncReport::retried` counts those services.)
 
 use std::{collections::BTreeSet, sync::Arc};
 
@@ -116,6 +118,9 @@ pub struct SyncReport {
     /// Deletes that failed twice. They leave unreachable entries behind, or a removed frontend
     /// that still serves its old backends (its id and slots stay taken); never a broken one.
     pub delete_errors: Vec<MapWriteError>,
+    /// Services with a removed frontend still in the maps (its delete failed twice): the
+    /// mirror keeps it as theirs, so the next sync of the service deletes it again.
+    pub undeleted: Vec<NamespacedName>,
     /// Map entries written (and deleted).
     pub writes: usize,
     /// Services tried again once this sync's removals had made room in full maps. A VIP that
@@ -123,11 +128,34 @@ pub struct SyncReport {
     pub retried: usize,
 }
 
-/// A sync under way: its report, and the services that failed with what they wanted.
+/// A sync under way: its report, the services that failed with what they wanted, and the
+/// frontend deletes flushes held back (service, entry).
 #[derive(Default)]
 struct Outcome {
     report: SyncReport,
     failed: Vec<(DesiredService, SyncError)>,
+    held: Vec<(NamespacedName, FeAddr)>,
+}
+
+/// The frontend deletes a flush holds back until [`MapSync::drop_held`]: those a later flush
+/// of the sync may write over (a VIP moving between services).
+#[derive(Clone, Copy)]
+enum Hold<'a> {
+    Nothing,
+    /// A full batch: what later batches write is not known yet.
+    All,
+    /// A failed batch redone service by service: the keys it wrote.
+    Keys(&'a HashSet<FeKey>),
+}
+
+impl Hold<'_> {
+    fn holds(self, key: &FeKey) -> bool {
+        match self {
+            Hold::Nothing => false,
+            Hold::All => true,
+            Hold::Keys(keys) => keys.contains(key),
+        }
+    }
 }
 
 /// Which services a sync brings up to date.
@@ -264,24 +292,6 @@ impl Change {
             MapOp::PutFrontend(k, _) => Some(*k),
             _ => None,
         })
-    }
-
-    /// A removed frontend whose delete failed: its id and slot range stay taken, and it still
-    /// counts in its map. Returns the cluster ids its slots name, which stay referenced.
-    fn keep_undeleted(&mut self, key: FeKey) -> Box<[u16]> {
-        let Some((id, range, clusters)) = self.was.iter().find_map(|(addr, was)| {
-            was.as_ref()
-                .filter(|_| addr.key() == key)
-                .map(|i| (i.id, i.range, i.clusters.clone()))
-        }) else {
-            return Box::default();
-        };
-        self.freed_ids.retain(|i| *i != id);
-        self.freed_ranges.retain(|r| *r != range);
-        if let Some(i) = self.fe_removed.iter().position(|m| *m == key.map()) {
-            self.fe_removed.swap_remove(i);
-        }
-        clusters
     }
 
     fn entries(&self) -> usize {
@@ -452,7 +462,8 @@ impl MapSync {
             };
             self.stage(gone, &mut batch, &mut retry, maps, &mut out);
         }
-        self.flush(std::mem::take(&mut batch), maps, &mut out);
+        self.flush(std::mem::take(&mut batch), maps, &mut out, Hold::Nothing);
+        self.drop_held(maps, &mut out);
         // Room may have been made by the removals: one more try, then report.
         for (d, _) in retry {
             out.report.retried += 1;
@@ -460,8 +471,11 @@ impl MapSync {
             self.stage(d, &mut batch, &mut full, maps, &mut out);
             out.failed.extend(full);
         }
-        self.flush(batch, maps, &mut out);
-        let Outcome { mut report, failed } = out;
+        self.flush(batch, maps, &mut out, Hold::Nothing);
+        self.drop_held(maps, &mut out);
+        let Outcome {
+            mut report, failed, ..
+        } = out;
         for (d, e) in failed {
             report.failed.push(e);
             self.refuse(&d, maps, &mut report);
@@ -484,9 +498,23 @@ impl MapSync {
             Ok(None) | Err(_) => return,
         };
         let mut out = Outcome::default();
-        self.flush(vec![change], maps, &mut out);
+        self.flush(vec![change], maps, &mut out, Hold::Nothing);
         report.writes += out.report.writes;
         report.delete_errors.extend(out.report.delete_errors);
+        report.undeleted.extend(out.report.undeleted);
+    }
+
+    /// Deletes the frontends that flushes held back and no later change took over.
+    fn drop_held(&mut self, maps: &mut impl MapWriter, out: &mut Outcome) {
+        let held = std::mem::take(&mut out.held);
+        let batch = self.plan_drops(held, maps, &mut out.report.undeleted);
+        // Deletes only: nothing to undo. Their services were reported changed already.
+        let mut dropped = Outcome::default();
+        self.flush(batch, maps, &mut dropped, Hold::Nothing);
+        let r = dropped.report;
+        out.report.writes += r.writes;
+        out.report.delete_errors.extend(r.delete_errors);
+        out.report.undeleted.extend(r.undeleted);
     }
 
     /// Plans one service into the batch (flushing first when it would conflict with it).
@@ -511,10 +539,23 @@ impl MapSync {
                         .deletes
                         .retain(|op| !matches!(op, MapOp::DelFrontend(k) if written.contains(k)));
                 }
+                // Until the write, the maps hold the old owner's entry: its undo puts that back.
+                for (op, undo) in &mut change.flips {
+                    let MapOp::PutFrontend(k, _) = op else {
+                        continue;
+                    };
+                    if !matches!(undo, MapOp::DelFrontend(_)) {
+                        continue;
+                    }
+                    if let Some((_, old)) = batch.iter().rev().find_map(|c| c.removed(*k)) {
+                        *undo = MapOp::PutFrontend(*k, Box::new(old.abi()));
+                    }
+                }
                 change.desired = Some(d);
                 batch.push(change);
                 if batch.iter().map(Change::entries).sum::<usize>() >= BATCH_ENTRIES {
-                    self.flush(std::mem::take(batch), maps, out);
+                    // A later batch may take over what this one removes.
+                    self.flush(std::mem::take(batch), maps, out, Hold::All);
                 }
             }
             Err(e @ (SyncError::MapFull { .. } | SyncError::NoSlotRange { .. })) => {
@@ -542,7 +583,15 @@ impl MapSync {
     /// Writes a batch: every put, then every flip, then every delete. If a put or a flip
     /// fails, everything the batch wrote is undone and its plans rolled back, then its services
     /// are written again one at a time: the one that fails is reported and left as it was.
-    fn flush(&mut self, batch: Vec<Change>, maps: &mut impl MapWriter, out: &mut Outcome) {
+    /// The frontend deletes `hold` names wait in the mirror for [`MapSync::drop_held`], so that
+    /// a later flush of the sync that writes the key over never finds it absent.
+    fn flush(
+        &mut self,
+        batch: Vec<Change>,
+        maps: &mut impl MapWriter,
+        out: &mut Outcome,
+        hold: Hold<'_>,
+    ) {
         if batch.is_empty() {
             return;
         }
@@ -579,13 +628,31 @@ impl MapSync {
             self.redo_alone(batch, e, maps, out);
             return;
         }
+        out.report.writes += puts.iter().map(MapOp::entries).sum::<usize>() + flips.len();
+        let mut batch = batch;
+        for change in &mut batch {
+            let held: Vec<MapOp> = change
+                .deletes
+                .extract_if(
+                    ..,
+                    |op| matches!(op, MapOp::DelFrontend(k) if hold.holds(k)),
+                )
+                .collect();
+            for op in held {
+                if let MapOp::DelFrontend(key) = op
+                    && let Some((addr, inst)) = change.keep_undeleted(key)
+                {
+                    out.held.push((inst.service.clone(), addr));
+                    self.keep_entry(addr, inst);
+                }
+            }
+        }
         let report = &mut out.report;
-        report.writes += puts.iter().map(MapOp::entries).sum::<usize>() + flips.len();
         // Phase 3. A delete that fails is tried once more, then reported, not undone. Most
         // leave an entry nothing points at; a frontend's own entry still routes, so its id,
         // slot range and cluster names are kept from reuse (or the old VIP would serve what
-        // they get next). They stay taken until the agent restarts.
-        let mut batch = batch;
+        // they get next), and the mirror keeps it as its service's for the next sync of that
+        // service to delete.
         let (deletes, owners) = gather(&batch, |c| c.deletes.iter());
         let mut at = 0;
         while let Err((i, e)) = maps.apply_all(&deletes[at..]) {
@@ -594,10 +661,11 @@ impl MapSync {
             if maps.apply(&deletes[at]).is_ok() {
                 report.writes += 1;
             } else {
-                if let (MapOp::DelFrontend(key), Some(owner)) = (&deletes[at], owners.get(at)) {
-                    for cluster in batch[*owner].keep_undeleted(*key) {
-                        self.clusters.add_ref(cluster);
-                    }
+                if let (MapOp::DelFrontend(key), Some(owner)) = (&deletes[at], owners.get(at))
+                    && let Some((addr, inst)) = batch[*owner].keep_undeleted(*key)
+                {
+                    report.undeleted.push(inst.service.clone());
+                    self.keep_entry(addr, inst);
                 }
                 report.delete_errors.push(e);
             }
@@ -619,6 +687,8 @@ impl MapSync {
         maps: &mut impl MapWriter,
         out: &mut Outcome,
     ) {
+        // A service redone later may write over what one redone earlier removes.
+        let written: HashSet<FeKey> = batch.iter().flat_map(Change::keys_written).collect();
         let mut desired = Vec::new();
         for change in batch.into_iter().rev() {
             desired.push(self.rollback(change));
@@ -638,7 +708,7 @@ impl MapSync {
             match self.plan(&d, maps) {
                 Ok(Some(mut change)) => {
                     change.desired = Some(d);
-                    self.flush(vec![change], maps, out);
+                    self.flush(vec![change], maps, out, Hold::Keys(&written));
                 }
                 Ok(None) => {}
                 Err(e) => out.failed.push((d, e)),

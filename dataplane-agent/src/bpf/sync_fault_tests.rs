@@ -2,7 +2,7 @@
 //! services: the same checked in-memory maps as `sync_tests.rs`, which also check that an
 //! address in the maps before and after a sync never goes missing on the way.
 
-use std::net::IpAddr;
+use std::{collections::BTreeSet, net::IpAddr};
 
 use dataplane_core::{
     fixtures::backend,
@@ -140,13 +140,13 @@ fn a_frontend_delete_that_fails_once_is_tried_again() {
     assert_eq!(read_back(&maps.contents), desired::entries(&t2));
 }
 
-/// A frontend whose delete keeps failing still routes: it keeps its old backends, and its id
-/// and slot range are not handed to the next frontend, which would make the old VIP serve that
-/// one's backends. The slots hold exactly one frontend's range: a second one fits only once
-/// the first is gone.
+/// A frontend whose delete keeps failing (each sync tries it twice) still routes: it keeps its
+/// old backends, and its id and slot range are not handed to the next frontend, which would
+/// make the old VIP serve that one's backends. The slots hold exactly one frontend's range: a
+/// second one fits only once the first is gone.
 #[test]
 fn a_frontend_left_by_a_failed_delete_keeps_its_id_and_slots() {
-    let (mut sync, mut maps, before, report) = a_removed_with_failing_deletes(2);
+    let (mut sync, mut maps, before, report) = a_removed_with_failing_deletes(4);
     let a80 = port80(vip(1));
     let t3 = table(&[("b", vip(2), vec![(80, seven(21))])]);
     assert_eq!(report.delete_errors.len(), 1, "{:?}", report.delete_errors);
@@ -180,6 +180,115 @@ fn a_frontend_left_by_a_failed_delete_keeps_its_id_and_slots() {
     let ids: Vec<u32> = fe.values().map(|f| f.id).collect();
     let unique: std::collections::BTreeSet<u32> = ids.iter().copied().collect();
     assert_eq!(ids.len(), unique.len(), "ids are never shared: {ids:?}");
+}
+
+/// A frontend delete that fails twice is tried again by the next sync of its service (the
+/// node retries the services in `undeleted`): the entry goes, and its id, name, cluster name
+/// and slots are given back.
+#[test]
+fn a_frontend_delete_that_fails_twice_is_tried_again_by_the_services_next_sync() {
+    let (mut sync, mut maps, _, report) = a_removed_with_failing_deletes(2);
+    assert_eq!(report.delete_errors.len(), 1, "{:?}", report.delete_errors);
+    assert_eq!(report.undeleted, [svc("a")]);
+    assert!(read_back(&maps.contents).contains_key(&port80(vip(1))));
+    // What the node's retry does: sync the service alone, with the same (empty) table.
+    let only: BTreeSet<NamespacedName> = [svc("a")].into();
+    let empty = table(&[]);
+    let report = sync.sync(
+        Scope::Services(&only),
+        desired::services(&empty, Some(&only)),
+        &mut maps,
+    );
+    assert!(
+        report.delete_errors.is_empty() && report.undeleted.is_empty(),
+        "{report:?}"
+    );
+    assert!(
+        read_back(&maps.contents).is_empty(),
+        "the stale entry is gone"
+    );
+    assert!(maps.contents.names.is_empty() && maps.contents.clusters.is_empty());
+    let t2 = table(&[("b", vip(2), vec![(80, seven(21))])]);
+    let report = sync_checked(&mut sync, &mut maps, &t2);
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(read_back(&maps.contents), desired::entries(&t2));
+}
+
+/// Two services swap VIPs in one batch and a write of the batch fails: the batch is undone and
+/// redone service by service. Whichever write fails, neither VIP is absent on the way
+/// (`sync_checked` checks after every write): not when the new owner's write is undone (the
+/// old owner's entry is put back), nor between the services' own flushes (the old owner's
+/// delete waits for the new owner's write).
+#[test]
+fn a_vip_moving_in_a_batch_redone_service_by_service_is_never_missing() {
+    let t1 = table(&[
+        ("a", vip(5), vec![(80, vec![backend("x", v4(1), 80)])]),
+        ("b", vip(6), vec![(80, vec![backend("x", v4(2), 80)])]),
+    ]);
+    let t2 = table(&[
+        ("b", vip(5), vec![(80, vec![backend("x", v4(3), 80)])]),
+        ("a", vip(6), vec![(80, vec![backend("x", v4(4), 80)])]),
+    ]);
+    let mut sync = MapSync::new(Capacities::default());
+    let mut maps = MemMaps::new(Capacities::default());
+    sync_checked(&mut sync, &mut maps, &t1);
+    let mut failed_writes = 0;
+    for fail_at in 0..20 {
+        maps.fail_write_in = Some(fail_at);
+        let report = sync_checked(&mut sync, &mut maps, &t2);
+        failed_writes += usize::from(maps.fail_write_in.is_none());
+        maps.fail_write_in = None;
+        // The failure costs one try: every service is written in the end.
+        assert!(
+            report.failed.is_empty(),
+            "fail_at {fail_at}: {:?}",
+            report.failed
+        );
+        assert_eq!(
+            read_back(&maps.contents),
+            desired::entries(&t2),
+            "fail_at {fail_at}"
+        );
+        let again = sync_checked(&mut sync, &mut maps, &t2);
+        assert_eq!(again.writes, 0, "fail_at {fail_at}: the mirror is the maps");
+        sync_checked(&mut sync, &mut maps, &t1);
+    }
+    assert!(failed_writes > 5, "{failed_writes}");
+}
+
+/// A VIP that moves from a service whose change fills a batch on its own to one written in a
+/// later batch: the old owner's delete waits for the sync's end, the new owner writes the VIP
+/// over, and the VIP is never absent (`sync_checked`). A VIP nobody takes over is deleted at
+/// the sync's end.
+#[test]
+fn a_vip_moving_across_a_full_batch_is_never_missing() {
+    // 40,000 backends on each of two ports: more slots than a batch collects.
+    let many: Vec<dataplane_core::lb::Backend> = (1..=40_000)
+        .map(|port| backend("x", v4(200), port))
+        .collect();
+    let t1 = table(&[
+        ("a", vip(5), vec![(80, vec![backend("x", v4(1), 80)])]),
+        ("a", vip(8), vec![(80, vec![backend("x", v4(5), 80)])]),
+        ("b", vip(6), vec![(80, vec![backend("x", v4(2), 80)])]),
+    ]);
+    let t2 = table(&[
+        ("a", vip(7), vec![(80, many.clone()), (81, many)]),
+        ("b", vip(5), vec![(80, vec![backend("x", v4(3), 80)])]),
+    ]);
+    let mut sync = MapSync::new(Capacities::default());
+    let mut maps = MemMaps::new(Capacities::default());
+    sync_checked(&mut sync, &mut maps, &t1);
+    let report = sync_checked(&mut sync, &mut maps, &t2);
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(read_back(&maps.contents), desired::entries(&t2));
+    assert_eq!(sync.frontend_count(), desired::entries(&t2).len());
+    assert_eq!(
+        maps.contents.names.len(),
+        sync.frontend_count(),
+        "no name of a deleted frontend is left"
+    );
+    let again = sync_checked(&mut sync, &mut maps, &t2);
+    assert_eq!(again.writes, 0);
 }
 
 /// The cluster names lost before a restart (MCS_CLUSTERS emptied): the slots name ids the

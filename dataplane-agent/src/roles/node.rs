@@ -245,12 +245,13 @@ impl Node {
             error!("{failure}");
             self.retry.insert(failure.service().clone());
         }
+        // A frontend whose delete failed twice is deleted by its service's next sync.
+        self.retry.extend(report.undeleted.iter().cloned());
         for e in &report.delete_errors {
             warn!(
                 error = %e,
                 "a map delete failed twice; a frontend left this way keeps its old backends, id \
-                 and slots until its address is written again or the agent restarts, other \
-                 entries are unreachable"
+                 and slots until its service's retry deletes it, other entries are unreachable"
             );
         }
         for service in &report.changed {
