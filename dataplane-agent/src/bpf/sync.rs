@@ -625,7 +625,7 @@ impl MapSync {
                 maps,
                 report,
             );
-            self.redo_alone(batch, e, maps, out);
+            self.redo_alone(batch, e, maps, out, hold);
             return;
         }
         out.report.writes += puts.iter().map(MapOp::entries).sum::<usize>() + flips.len();
@@ -686,9 +686,15 @@ impl MapSync {
         error: MapWriteError,
         maps: &mut impl MapWriter,
         out: &mut Outcome,
+        hold: Hold<'_>,
     ) {
-        // A service redone later may write over what one redone earlier removes.
+        // A service redone later may write over what one redone earlier removes; so may a
+        // later batch, when the batch was held whole.
         let written: HashSet<FeKey> = batch.iter().flat_map(Change::keys_written).collect();
+        let hold = match hold {
+            Hold::All => Hold::All,
+            Hold::Nothing | Hold::Keys(_) => Hold::Keys(&written),
+        };
         let mut desired = Vec::new();
         for change in batch.into_iter().rev() {
             desired.push(self.rollback(change));
@@ -708,7 +714,7 @@ impl MapSync {
             match self.plan(&d, maps) {
                 Ok(Some(mut change)) => {
                     change.desired = Some(d);
-                    self.flush(vec![change], maps, out, Hold::Keys(&written));
+                    self.flush(vec![change], maps, out, hold);
                 }
                 Ok(None) => {}
                 Err(e) => out.failed.push((d, e)),

@@ -256,39 +256,48 @@ fn a_vip_moving_in_a_batch_redone_service_by_service_is_never_missing() {
     assert!(failed_writes > 5, "{failed_writes}");
 }
 
-/// A VIP that moves from a service whose change fills a batch on its own to one written in a
-/// later batch: the old owner's delete waits for the sync's end, the new owner writes the VIP
-/// over, and the VIP is never absent (`sync_checked`). A VIP nobody takes over is deleted at
-/// the sync's end.
+/// A VIP that moves from a service whose change fills a batch to one written in a later
+/// batch: the old owner's delete waits for the sync's end, the new owner writes the VIP over,
+/// and the VIP is never absent (`sync_checked`), also when a write of the full batch fails and
+/// its services are redone one at a time. A VIP nobody takes over is deleted at the sync's end.
 #[test]
 fn a_vip_moving_across_a_full_batch_is_never_missing() {
     // 40,000 backends on each of two ports: more slots than a batch collects.
     let many: Vec<dataplane_core::lb::Backend> = (1..=40_000)
         .map(|port| backend("x", v4(200), port))
         .collect();
+    // b's change fills the batch that a's starts; c takes b's VIP 5 in the next batch.
     let t1 = table(&[
-        ("a", vip(5), vec![(80, vec![backend("x", v4(1), 80)])]),
-        ("a", vip(8), vec![(80, vec![backend("x", v4(5), 80)])]),
-        ("b", vip(6), vec![(80, vec![backend("x", v4(2), 80)])]),
+        ("a", vip(9), vec![(80, vec![backend("x", v4(6), 80)])]),
+        ("b", vip(5), vec![(80, vec![backend("x", v4(1), 80)])]),
+        ("b", vip(8), vec![(80, vec![backend("x", v4(5), 80)])]),
+        ("c", vip(6), vec![(80, vec![backend("x", v4(2), 80)])]),
     ]);
     let t2 = table(&[
-        ("a", vip(7), vec![(80, many.clone()), (81, many)]),
-        ("b", vip(5), vec![(80, vec![backend("x", v4(3), 80)])]),
+        ("a", vip(9), vec![(80, vec![backend("x", v4(7), 80)])]),
+        ("b", vip(7), vec![(80, many.clone()), (81, many)]),
+        ("c", vip(5), vec![(80, vec![backend("x", v4(3), 80)])]),
     ]);
-    let mut sync = MapSync::new(Capacities::default());
-    let mut maps = MemMaps::new(Capacities::default());
-    sync_checked(&mut sync, &mut maps, &t1);
-    let report = sync_checked(&mut sync, &mut maps, &t2);
-    assert!(report.failed.is_empty(), "{:?}", report.failed);
-    assert_eq!(read_back(&maps.contents), desired::entries(&t2));
-    assert_eq!(sync.frontend_count(), desired::entries(&t2).len());
-    assert_eq!(
-        maps.contents.names.len(),
-        sync.frontend_count(),
-        "no name of a deleted frontend is left"
-    );
-    let again = sync_checked(&mut sync, &mut maps, &t2);
-    assert_eq!(again.writes, 0);
+    // No failure, then the full batch's first write (a's) failing: its services are redone
+    // one at a time.
+    for fail_at in [None, Some(0)] {
+        let mut sync = MapSync::new(Capacities::default());
+        let mut maps = MemMaps::new(Capacities::default());
+        sync_checked(&mut sync, &mut maps, &t1);
+        maps.fail_write_in = fail_at;
+        let report = sync_checked(&mut sync, &mut maps, &t2);
+        assert_eq!(maps.fail_write_in, None, "the write failed");
+        assert!(report.failed.is_empty(), "{fail_at:?}: {:?}", report.failed);
+        assert_eq!(read_back(&maps.contents), desired::entries(&t2));
+        assert_eq!(sync.frontend_count(), desired::entries(&t2).len());
+        assert_eq!(
+            maps.contents.names.len(),
+            sync.frontend_count(),
+            "no name of a deleted frontend is left"
+        );
+        let again = sync_checked(&mut sync, &mut maps, &t2);
+        assert_eq!(again.writes, 0, "{fail_at:?}: the mirror is the maps");
+    }
 }
 
 /// The cluster names lost before a restart (MCS_CLUSTERS emptied): the slots name ids the
