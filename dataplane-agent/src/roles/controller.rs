@@ -40,7 +40,7 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
-use super::retry::{RetrySchedule, sleep_until};
+use super::retry::{Retries, sleep_until};
 use crate::{
     sink::kube::{KubeSink, Written},
     source::kube::{AbortOnDrop, ControllerEvent, LocalWatch, MemberWatch, ObservedChange},
@@ -96,9 +96,9 @@ struct Controller {
     to_merge: BTreeSet<NamespacedName>,
     /// Services whose observed objects changed.
     to_compare: BTreeSet<NamespacedName>,
-    /// Services whose writes failed: compared again when the retry is due (not on every
+    /// Services whose writes failed: compared again when their retry is due (not on every
     /// event elsewhere), or sooner when their own inputs change.
-    failed: BTreeSet<NamespacedName>,
+    failed: Retries<NamespacedName>,
     /// Whether the first full merge has run.
     merged: bool,
     /// The remote members.
@@ -199,9 +199,9 @@ impl Controller {
         };
         let mut services = merged.clone();
         services.extend(std::mem::take(&mut self.to_compare));
-        // Compared now: a write that fails again files the service again.
+        // Compared now: a write that fails again waits longer.
         for service in &services {
-            self.failed.remove(service);
+            self.failed.attempt(service);
         }
         let mut refused_changed = false;
         for service in &merged {
@@ -358,13 +358,18 @@ impl Controller {
                     self.metrics.write(kind, op, false);
                     match action.service() {
                         Some(service) => {
-                            self.failed.insert(service.clone());
+                            self.failed.failed(service.clone(), Instant::now());
                             if matches!(action, Action::ApplyExportStatus { .. }) {
                                 failed_exports.insert(service);
                             }
                         }
                         // A slice deletion: compare every service again on the retry.
-                        None => self.failed.extend(self.observed.services()),
+                        None => {
+                            let now = Instant::now();
+                            for service in self.observed.services() {
+                                self.failed.failed(service, now);
+                            }
+                        }
                     }
                     warn!(error = %e, "write failed; will retry");
                 }
@@ -513,7 +518,7 @@ pub async fn run(
         names,
         to_merge: BTreeSet::new(),
         to_compare: BTreeSet::new(),
-        failed: BTreeSet::new(),
+        failed: Retries::default(),
         merged: false,
         remote: (watches.iter())
             .map(|w| w.cluster.clone())
@@ -526,12 +531,11 @@ pub async fn run(
         refused: HashMap::new(),
     };
     let started = Instant::now();
-    let mut retry = RetrySchedule::default();
     let mut waiting_logged = false;
     let mut filed_during_pass = false;
     info!(local = %settings.local, members = watches.len(), "controller started");
     loop {
-        let deadline = next_deadline(&watches, &settings, started, retry.deadline());
+        let deadline = next_deadline(&watches, &settings, started, ctl.failed.deadline());
         if std::mem::take(&mut filed_during_pass) {
             // No wait for an event, but a turn for the runtime's other tasks: under steady
             // churn this loop would otherwise run pass after pass without yielding.
@@ -564,12 +568,11 @@ pub async fn run(
         }
         ctl.set_withdrawn(withdrawn, &watches);
         ctl.release_heard();
-        let retrying = retry.is_due(Instant::now());
-        if retrying {
-            let due = std::mem::take(&mut ctl.failed);
-            ctl.to_compare.extend(due);
-        }
-        if ctl.merged && ctl.to_merge.is_empty() && ctl.to_compare.is_empty() && !retrying {
+        // The failed writes are retried on their own schedules: a pass of other services
+        // leaves them alone.
+        let due = ctl.failed.take_due(Instant::now());
+        ctl.to_compare.extend(due);
+        if ctl.merged && ctl.to_merge.is_empty() && ctl.to_compare.is_empty() {
             continue;
         }
         let pass_started = std::time::Instant::now();
@@ -603,9 +606,7 @@ pub async fn run(
                 "reconciled"
             );
         }
-        // The failed writes are retried on their own schedule (`retry`): a pass of other
-        // services leaves it alone.
-        retry.after_pass(!ctl.failed.is_empty(), retrying, Instant::now());
+        ctl.failed.end_pass();
     }
 }
 

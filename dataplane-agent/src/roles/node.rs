@@ -17,7 +17,7 @@ use std::{collections::BTreeSet, path::PathBuf, sync::Arc, time::Instant};
 use tracing::{debug, error, info, warn};
 
 use super::{
-    retry::{RetrySchedule, sleep_until},
+    retry::{Retries, sleep_until},
     shutdown_signal,
 };
 use crate::{
@@ -67,7 +67,7 @@ pub struct Node {
     pin_dir: PathBuf,
     /// Services whose last write failed (a full map, a kernel error): tried again on their
     /// own schedule ([`run_with`]), or with a change of their own.
-    retry: BTreeSet<NamespacedName>,
+    retry: Retries<NamespacedName>,
     /// The `clusterset.local` zone, when this node serves DNS: updated with the maps.
     dns: Option<DnsZone>,
     /// Which ClusterSet IPs and backends may be programmed.
@@ -108,7 +108,7 @@ impl Node {
             policy: Arc::default(),
             synced: false,
             pin_dir: cfg.pin_dir.clone(),
-            retry: BTreeSet::new(),
+            retry: Retries::default(),
             dns: None,
             attachment,
             program_ids,
@@ -159,14 +159,10 @@ impl Node {
     }
 
     /// Files `changes` and, once the initial lists are complete, writes what they changed into
-    /// the maps: everything the first time, then the services they touched, and with
-    /// `retry_failed` the services whose last write failed. `None` when nothing was synced
-    /// (still waiting for the initial lists, or nothing changed).
-    pub fn apply(
-        &mut self,
-        changes: impl IntoIterator<Item = Change>,
-        retry_failed: bool,
-    ) -> Option<SyncReport> {
+    /// the maps: everything the first time, then the services they touched and those whose
+    /// retry is due ([`Node::retry_deadline`]). `None` when nothing was synced (still waiting
+    /// for the initial lists, or nothing changed).
+    pub fn apply(&mut self, changes: impl IntoIterator<Item = Change>) -> Option<SyncReport> {
         let started = Instant::now();
         let mut dirty = BTreeSet::new();
         for change in changes {
@@ -185,9 +181,7 @@ impl Node {
             self.lb = LbState::new(self.policy.clone());
             self.lb.update_parts(inputs.services(), inputs_of)
         } else {
-            if retry_failed {
-                dirty.extend(std::mem::take(&mut self.retry));
-            }
+            dirty.extend(self.retry.take_due(tokio::time::Instant::now()));
             if dirty.is_empty() {
                 return None;
             }
@@ -239,14 +233,20 @@ impl Node {
                 "maps synced"
             }
         );
-        // Those written now are no longer waiting.
-        self.retry.retain(|s| !rebuilt.contains(s));
+        // Every rebuilt service was tried: those that failed before and fail again wait longer.
+        for service in &rebuilt {
+            self.retry.attempt(service);
+        }
+        let now = tokio::time::Instant::now();
         for failure in &report.failed {
             error!("{failure}");
-            self.retry.insert(failure.service().clone());
+            self.retry.failed(failure.service().clone(), now);
         }
         // A frontend whose delete failed twice is deleted by its service's next sync.
-        self.retry.extend(report.undeleted.iter().cloned());
+        for service in &report.undeleted {
+            self.retry.failed(service.clone(), now);
+        }
+        self.retry.end_pass();
         for e in &report.delete_errors {
             warn!(
                 error = %e,
@@ -263,10 +263,15 @@ impl Node {
         Some(report)
     }
 
-    /// Whether some services' last write failed: [`Node::apply`] with no changes tries them
-    /// again.
+    /// Whether some services' last write failed.
     pub fn has_failed_writes(&self) -> bool {
         !self.retry.is_empty()
+    }
+
+    /// When the retry of a failed write is next due: [`Node::apply`], with no changes then,
+    /// tries it again.
+    pub fn retry_deadline(&self) -> Option<tokio::time::Instant> {
+        self.retry.deadline()
     }
 
     /// The lb table's warnings about the node's inputs (bad imports and slices it skipped).
@@ -331,7 +336,7 @@ pub enum Ended {
 }
 
 /// Runs the node role until `shutdown` resolves or the input source stops, syncing after
-/// every batch of changes, and trying failed writes again on a [`RetrySchedule`] (a kernel
+/// every batch of changes, and trying failed writes again on their [`Retries`] schedule (a kernel
 /// error such as ENOMEM on an update would otherwise wait for a change that may never come).
 /// The dataplane stays in place afterwards.
 pub async fn run(
@@ -356,9 +361,7 @@ pub async fn run_with(
     tokio::pin!(shutdown);
     info!("waiting for the initial ServiceImports and EndpointSlices before syncing");
     let mut batch = Vec::new();
-    let mut retry = RetrySchedule::default();
     loop {
-        let retried;
         tokio::select! {
             received = changes.recv_many(&mut batch, 4096) => {
                 if received == 0 {
@@ -369,29 +372,21 @@ pub async fn run_with(
                 while let Ok(change) = changes.try_recv() {
                     batch.push(change);
                 }
-                // Failed writes are retried with other work only once their retry is due.
-                retried = retry.is_due(tokio::time::Instant::now());
                 let started = Instant::now();
-                if let Some(report) = node.apply(batch.drain(..), retried) {
+                if let Some(report) = node.apply(batch.drain(..)) {
                     on_sync(&node, &report, started.elapsed());
                 }
             }
-            () = sleep_until(retry.deadline()) => {
+            () = sleep_until(node.retry_deadline()) => {
                 let started = Instant::now();
-                if let Some(report) = node.apply(std::iter::empty(), true) {
+                if let Some(report) = node.apply(std::iter::empty()) {
                     on_sync(&node, &report, started.elapsed());
                 }
-                retried = true;
             }
             () = &mut shutdown => {
                 info!("shutting down; the dataplane stays in place");
                 return Ended::Shutdown;
             }
         }
-        retry.after_pass(
-            node.has_failed_writes(),
-            retried,
-            tokio::time::Instant::now(),
-        );
     }
 }

@@ -16,7 +16,7 @@ use tracing::{error, info, warn};
 
 use super::{
     node::{self, Node, NodeError},
-    retry::{RetrySchedule, sleep_until},
+    retry::sleep_until,
     shutdown_signal,
 };
 use crate::{
@@ -81,14 +81,11 @@ pub async fn run(settings: Standalone, loader: &LoaderConfig) -> Result<(), Stan
     }
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
-    node.apply([first], true);
+    node.apply([first]);
     let mut report = Report::new(settings.report.clone());
     report.write(&merge, &node);
     // Failed map writes are tried again on their own schedule, as in the node role.
-    let mut retry = RetrySchedule::default();
-    retry.after_pass(node.has_failed_writes(), false, Instant::now());
     loop {
-        let mut retried = false;
         let changed = async {
             match watcher.as_mut() {
                 Some(w) => w.changed().await,
@@ -106,9 +103,7 @@ pub async fn run(settings: Standalone, loader: &LoaderConfig) -> Result<(), Stan
                 match merge.update(&changes) {
                     Ok(update) => {
                         if !update.changes.is_empty() {
-                            // Failed writes are retried with it once their retry is due.
-                            retried = retry.is_due(Instant::now());
-                            node.apply(update.changes, retried);
+                            node.apply(update.changes);
                         }
                         report.pending = true;
                     }
@@ -118,16 +113,14 @@ pub async fn run(settings: Standalone, loader: &LoaderConfig) -> Result<(), Stan
                 }
             }
             () = tokio::time::sleep_until(due), if report.pending => report.write(&merge, &node),
-            () = sleep_until(retry.deadline()) => {
-                node.apply(std::iter::empty(), true);
-                retried = true;
+            () = sleep_until(node.retry_deadline()) => {
+                node.apply(std::iter::empty());
             }
             () = &mut shutdown => {
                 info!("shutting down; the dataplane stays in place");
                 return Ok(());
             }
         }
-        retry.after_pass(node.has_failed_writes(), retried, Instant::now());
     }
 }
 
