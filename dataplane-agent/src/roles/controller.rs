@@ -40,7 +40,10 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
-use super::retry::{Retries, sleep_until};
+use super::{
+    namespaces::LocalNamespaces,
+    retry::{Retries, sleep_until},
+};
 use crate::{
     sink::kube::{KubeSink, Written},
     source::kube::{AbortOnDrop, ControllerEvent, LocalWatch, MemberWatch, ObservedChange},
@@ -99,6 +102,9 @@ struct Controller {
     /// Services whose writes failed: compared again when their retry is due (not on every
     /// event elsewhere), or sooner when their own inputs change.
     failed: Retries<NamespacedName>,
+    /// Whether a deletion of a slice without a service label failed: every pass tries those
+    /// again, and one runs when this retry is due.
+    unlabelled: Retries<()>,
     /// Whether the first full merge has run.
     merged: bool,
     /// The remote members.
@@ -114,6 +120,8 @@ struct Controller {
     /// The refused endpoints of each service that has any, for the log and
     /// `mcs_refused_addresses`.
     refused: HashMap<NamespacedName, Vec<RefusedEndpoint>>,
+    /// The local namespaces: a service is written only where its namespace exists.
+    namespaces: LocalNamespaces,
 }
 
 impl Controller {
@@ -142,6 +150,13 @@ impl Controller {
                     ObservedChange::Deleted(kind, id, rv) => self.observed.delete(kind, &id, rv),
                 };
                 self.to_compare.extend(touched);
+            }
+            ControllerEvent::Namespaces(change) => {
+                for namespace in self.namespaces.apply(change) {
+                    let services = self.state.imports().map(|i| &i.service);
+                    self.to_compare
+                        .extend(services.filter(|s| *s.namespace == *namespace).cloned());
+                }
             }
         }
     }
@@ -279,6 +294,10 @@ impl Controller {
         let local = &self.settings.local;
         let mut actions = Vec::new();
         for service in services {
+            if !self.namespaces.writable(&service.namespace) {
+                self.namespaces.skipped(&service.namespace);
+                continue;
+            }
             let output = self.state.service(service);
             let desired = DesiredService::of(output, local);
             note_conflicts(&mut self.conflicts, &self.metrics, service, desired);
@@ -364,12 +383,7 @@ impl Controller {
                             }
                         }
                         // A slice deletion: compare every service again on the retry.
-                        None => {
-                            let now = Instant::now();
-                            for service in self.observed.services() {
-                                self.failed.failed(service, now);
-                            }
-                        }
+                        None => self.unlabelled.failed((), Instant::now()),
                     }
                     warn!(error = %e, "write failed; will retry");
                 }
@@ -519,6 +533,7 @@ pub async fn run(
         to_merge: BTreeSet::new(),
         to_compare: BTreeSet::new(),
         failed: Retries::default(),
+        unlabelled: Retries::default(),
         merged: false,
         remote: (watches.iter())
             .map(|w| w.cluster.clone())
@@ -529,13 +544,20 @@ pub async fn run(
         withdrawn: BTreeSet::new(),
         conflicts: HashMap::new(),
         refused: HashMap::new(),
+        namespaces: LocalNamespaces::default(),
     };
     let started = Instant::now();
     let mut waiting_logged = false;
     let mut filed_during_pass = false;
     info!(local = %settings.local, members = watches.len(), "controller started");
     loop {
-        let deadline = next_deadline(&watches, &settings, started, ctl.failed.deadline());
+        let retry = [ctl.failed.deadline(), ctl.unlabelled.deadline()];
+        let deadline = next_deadline(
+            &watches,
+            &settings,
+            started,
+            retry.into_iter().flatten().min(),
+        );
         if std::mem::take(&mut filed_during_pass) {
             // No wait for an event, but a turn for the runtime's other tasks: under steady
             // churn this loop would otherwise run pass after pass without yielding.
@@ -572,7 +594,8 @@ pub async fn run(
         // leaves them alone.
         let due = ctl.failed.take_due(Instant::now());
         ctl.to_compare.extend(due);
-        if ctl.merged && ctl.to_merge.is_empty() && ctl.to_compare.is_empty() {
+        let unlabelled_due = !ctl.unlabelled.take_due(Instant::now()).is_empty();
+        if ctl.merged && ctl.to_merge.is_empty() && ctl.to_compare.is_empty() && !unlabelled_due {
             continue;
         }
         let pass_started = std::time::Instant::now();
@@ -607,6 +630,7 @@ pub async fn run(
             );
         }
         ctl.failed.end_pass();
+        ctl.unlabelled.end_pass();
     }
 }
 

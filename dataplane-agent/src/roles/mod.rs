@@ -5,11 +5,13 @@
 //! - [`standalone`]: merge a ClusterSet directory and program this host, no API server;
 //! - [`controller`]: the lease-elected merge and writer of a Kubernetes cluster;
 //! - [`kube`]: Kubernetes mode, running the node role and/or the controller;
+//! - [`namespaces`]: which local namespaces the controller writes into;
 //! - [`retry`]: when the writing roles try failed writes again.
 
 pub mod controller;
 pub mod kube;
 pub mod lease_guard;
+pub mod namespaces;
 pub mod node;
 pub mod retry;
 pub mod standalone;

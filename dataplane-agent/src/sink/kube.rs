@@ -218,6 +218,7 @@ impl KubeSink {
                 slice,
                 uid,
                 resource_version,
+                ..
             } => {
                 let api: Api<EndpointSlice> = self.namespaced(&slice.namespace);
                 let rv = delete(&api, &slice.name, uid.clone(), *resource_version)

@@ -25,8 +25,9 @@ use std::{
 };
 
 use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::{
-    Api, Client, Resource,
+    Api, Client, Resource, ResourceExt as _,
     api::ListParams,
     runtime::{WatchStreamExt as _, utils::Backoff, watcher},
 };
@@ -449,6 +450,20 @@ pub enum ControllerEvent {
     Member(MemberChange),
     /// What the local cluster holds of the controller's writes changed.
     Observed(Box<ObservedChange>),
+    /// The local cluster's namespaces changed.
+    Namespaces(NamespaceChange),
+}
+
+/// A change to the local cluster's namespaces: each by name, with whether objects can be
+/// written into it (not while it terminates).
+#[derive(Debug)]
+pub enum NamespaceChange {
+    /// The complete list.
+    List(Vec<(String, bool)>),
+    /// A namespace was added or changed.
+    Put(String, bool),
+    /// A namespace is gone.
+    Deleted(String),
 }
 
 /// A change to the local cluster's objects the controller compares against.
@@ -593,10 +608,13 @@ fn gone<K: Resource>(kind: ObservedKind, o: &K) -> ControllerEvent {
     )))
 }
 
-/// What the local cluster holds of the controller's writes, and its ServiceExports, watched.
+/// What the local cluster holds of the controller's writes, its ServiceExports and its
+/// namespaces, watched.
 pub struct LocalWatch {
     /// The imports', slices' and exports' watches.
     pub watches: [Arc<WatchHealth>; 3],
+    /// The namespaces' watch.
+    pub namespaces: Arc<WatchHealth>,
     _tasks: Vec<AbortOnDrop>,
 }
 
@@ -639,7 +657,7 @@ impl LocalWatch {
         );
         let n = names.clone();
         let exports = forward::<ServiceExport, _, _>(
-            Api::all(client),
+            Api::all(client.clone()),
             watcher::Config::default(),
             report("serviceexports/status", 2),
             Kind {
@@ -649,18 +667,49 @@ impl LocalWatch {
                 delete: Box::new(|o| gone(ObservedKind::Export, o)),
             },
         );
+        let namespaces_health = Arc::new(WatchHealth::default());
+        let namespaces = forward::<Namespace, _, _>(
+            Api::all(client),
+            watcher::Config::default(),
+            Report {
+                cluster: cluster.to_string(),
+                resource: "namespaces",
+                metrics: metrics.clone(),
+                tx: tx.clone(),
+                health: namespaces_health.clone(),
+                changed: Some(changed.clone()),
+                names: names.clone(),
+            },
+            Kind {
+                convert: Box::new(|o: &Namespace| {
+                    Some((o.name_any(), o.metadata.deletion_timestamp.is_none()))
+                }),
+                list: Box::new(|l| ControllerEvent::Namespaces(NamespaceChange::List(l))),
+                apply: Box::new(|(name, live)| {
+                    ControllerEvent::Namespaces(NamespaceChange::Put(name, live))
+                }),
+                delete: Box::new(|o| {
+                    ControllerEvent::Namespaces(NamespaceChange::Deleted(o.name_any()))
+                }),
+            },
+        );
         LocalWatch {
             watches: watches.clone(),
+            namespaces: namespaces_health,
             _tasks: vec![
                 AbortOnDrop(tokio::spawn(imports)),
                 AbortOnDrop(tokio::spawn(slices)),
                 AbortOnDrop(tokio::spawn(exports)),
+                AbortOnDrop(tokio::spawn(namespaces)),
             ],
         }
     }
 
-    /// Whether all three first lists are complete.
+    /// Whether all three first lists are complete, and the namespaces listed or known not to
+    /// be readable (then every namespace is written into, as before the controller read them:
+    /// `deploy/rbac/controller.yaml` older than the namespaces rule).
     pub fn synced(&self) -> bool {
         self.watches.iter().all(|w| w.listed())
+            && (self.namespaces.listed() || self.namespaces.failing_since().is_some())
     }
 }

@@ -77,6 +77,8 @@ pub enum Action {
     DeleteSlice {
         /// The slice's namespace/name.
         slice: NamespacedName,
+        /// The service it belongs to; `None` for a slice without a service-name label.
+        service: Option<NamespacedName>,
         /// The observed uid: the delete's precondition, so a re-created object is left alone.
         uid: Option<String>,
         /// The observed resourceVersion: the deletion's watch event comes after it.
@@ -111,8 +113,8 @@ impl Action {
         }
     }
 
-    /// The service the action is about, when it names one (a slice deletion names only the
-    /// slice).
+    /// The service the action is about, when it names one (the deletion of a slice without a
+    /// service-name label names none).
     pub fn service(&self) -> Option<NamespacedName> {
         match self {
             Action::ApplyImport(o) | Action::ApplyImportStatus(o) => {
@@ -129,7 +131,7 @@ impl Action {
                 Some(service.clone())
             }
             Action::Event { export, .. } => Some(export.clone()),
-            Action::DeleteSlice { .. } => None,
+            Action::DeleteSlice { service, .. } => service.clone(),
         }
     }
 
@@ -400,6 +402,7 @@ fn slice_actions(desired: &[SliceInput], observed: &[Arc<ObservedSlice>]) -> Vec
         .filter(|o| !wanted.contains(&*o.id.name))
         .map(|o| Action::DeleteSlice {
             slice: o.id.clone(),
+            service: o.service.clone(),
             uid: o.uid.as_ref().map(Uid::to_string),
             resource_version: o.resource_version,
         })
@@ -423,6 +426,7 @@ pub fn reconcile_unlabelled(observed: &ObservedIndex) -> Vec<Action> {
         .iter()
         .map(|o| Action::DeleteSlice {
             slice: o.id.clone(),
+            service: o.service.clone(),
             uid: o.uid.as_ref().map(Uid::to_string),
             resource_version: o.resource_version,
         })

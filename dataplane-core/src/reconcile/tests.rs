@@ -306,6 +306,17 @@ fn a_port_never_reaches_a_cluster_that_dropped_it_at_any_step_of_the_writes() {
                 .any(|a| matches!(a, Action::DeleteSlice { .. })),
             "{actions:?}"
         );
+        // A failed deletion is retried with its service's schedule, no other's.
+        for a in actions
+            .iter()
+            .filter(|a| matches!(a, Action::DeleteSlice { .. }))
+        {
+            assert_eq!(
+                a.service(),
+                Some(NamespacedName::new("demo", "web")),
+                "{a:?}"
+            );
+        }
         replay(&actions, imports.clone(), slices.clone());
     }
 }

@@ -218,6 +218,11 @@ fn route(
     }
     let manager = param("fieldManager").unwrap_or_else(|| agent.to_owned());
     let (rt, ns, av) = (&t.rt, t.ns.as_str(), t.api_version.as_str());
+    let writes = [Method::POST, Method::PUT, Method::PATCH].contains(&rec.method);
+    if shared.namespaces && rt.namespaced && !t.all_namespaces && writes {
+        let namespaces = ResourceType::namespace();
+        shared.state().get(&namespaces, "", ns)?;
+    }
     let ok = |v: &Value| full(StatusCode::OK, &present(v, av));
     match (&rec.method, t.name.as_deref()) {
         (&Method::GET, None) if rec.is_watch() => watch(shared, &t, rec),

@@ -100,6 +100,11 @@ impl ResourceType {
             Self::cluster_scoped("about.k8s.io", "ClusterProperty", "clusterproperties"),
         ]
     }
+
+    /// Namespaces, served with [`Options::namespaces`].
+    pub fn namespace() -> Self {
+        Self::cluster_scoped("", "Namespace", "namespaces")
+    }
 }
 
 /// One HTTP request as the server received it.
@@ -154,6 +159,10 @@ pub struct Options {
     /// How often a watch with `allowWatchBookmarks=true` gets a BOOKMARK when changes it did
     /// not see (filtered out) moved the resourceVersion on.
     pub bookmark_interval: Duration,
+    /// Serve Namespaces, and refuse writes into a namespace that has no Namespace object
+    /// (404, as a real API server does). Off by default: namespaces are then not served at
+    /// all (404 on their list), and any namespace takes objects.
+    pub namespaces: bool,
 }
 
 impl Default for Options {
@@ -161,6 +170,7 @@ impl Default for Options {
         Self {
             history_limit: 10_000,
             bookmark_interval: Duration::from_millis(200),
+            namespaces: false,
         }
     }
 }
@@ -171,6 +181,8 @@ pub(crate) struct Shared {
     bookmark_interval: Duration,
     /// Plurals whose new requests get 403 Forbidden (see [`FakeApiServer::forbid`]).
     forbidden: Mutex<BTreeSet<String>>,
+    /// Whether writes need their namespace to exist ([`Options::namespaces`]).
+    pub(crate) namespaces: bool,
 }
 
 impl Shared {
@@ -208,7 +220,8 @@ struct Serving {
 /// always current), strategic-merge list merging (lists are replaced; lists are atomic for
 /// apply, which matches CRDs without `x-kubernetes-list-type`), `dryRun` (rejected with 400),
 /// delete-collection, create-on-update for PUT, garbage collection / owner references,
-/// namespaces as objects, version conversion beyond rewriting `apiVersion`, and protobuf / table
+/// namespace deletion (namespaces are objects only with [`Options::namespaces`], which refuses
+/// writes into a namespace without one), version conversion beyond rewriting `apiVersion`, and protobuf / table
 /// output. core/v1 and events.k8s.io/v1 Events are separate stores here.
 pub struct FakeApiServer {
     shared: Arc<Shared>,
@@ -238,11 +251,16 @@ impl FakeApiServer {
         let listener =
             bind(SocketAddr::from(([127, 0, 0, 1], 0))).context("binding 127.0.0.1:0")?;
         let addr = listener.local_addr()?;
+        let mut kinds = ResourceType::builtins();
+        if options.namespaces {
+            kinds.push(ResourceType::namespace());
+        }
         let shared = Arc::new(Shared {
-            state: Mutex::new(State::new(ResourceType::builtins(), options.history_limit)),
+            state: Mutex::new(State::new(kinds, options.history_limit)),
             requests: Mutex::new(Vec::new()),
             bookmark_interval: options.bookmark_interval,
             forbidden: Mutex::new(BTreeSet::new()),
+            namespaces: options.namespaces,
         });
         let server = Self {
             shared,
