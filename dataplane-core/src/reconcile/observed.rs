@@ -355,11 +355,30 @@ impl ObservedIndex {
                 .is_none_or(|t| rv > *t)
     }
 
+    /// Whether `o` changes what is filed as `current`: it is newer than that and than the
+    /// object's deletion, and not the same object (the watch's echo of a write whose answer
+    /// is filed already changes nothing).
+    fn changes<T: Versioned + PartialEq>(
+        &self,
+        kind: ObservedKind,
+        id: &NamespacedName,
+        o: &T,
+        current: Option<&T>,
+    ) -> bool {
+        current.is_none_or(|c| c != o)
+            && self.fresh(
+                kind,
+                id,
+                o.resource_version(),
+                current.map(Versioned::resource_version),
+            )
+    }
+
     /// Files an import; the service it belongs to when anything changed.
     pub fn put_import(&mut self, o: ObservedImport) -> Option<NamespacedName> {
         let id = o.record.service.clone();
-        let current = self.imports.get(&id).map(|c| c.resource_version);
-        if !self.fresh(ObservedKind::Import, &id, o.resource_version, current) {
+        let current = self.imports.get(&id).map(|c| &**c);
+        if !self.changes(ObservedKind::Import, &id, &o, current) {
             return None;
         }
         self.tombstones.remove(&(ObservedKind::Import, id.clone()));
@@ -370,8 +389,8 @@ impl ObservedIndex {
     /// Files an export; its service when anything changed.
     pub fn put_export(&mut self, o: ObservedExport) -> Option<NamespacedName> {
         let id = o.id.clone();
-        let current = self.exports.get(&id).map(|c| c.resource_version);
-        if !self.fresh(ObservedKind::Export, &id, o.resource_version, current) {
+        let current = self.exports.get(&id).map(|c| &**c);
+        if !self.changes(ObservedKind::Export, &id, &o, current) {
             return None;
         }
         self.tombstones.remove(&(ObservedKind::Export, id.clone()));
@@ -382,8 +401,8 @@ impl ObservedIndex {
     /// Files a slice; the services it left and joined.
     pub fn put_slice(&mut self, o: ObservedSlice) -> Vec<NamespacedName> {
         let id = o.id.clone();
-        let current = self.find_slice(&id).map(|c| c.resource_version);
-        if !self.fresh(ObservedKind::Slice, &id, o.resource_version, current) {
+        let current = self.find_slice(&id);
+        if !self.changes(ObservedKind::Slice, &id, &o, current) {
             return Vec::new();
         }
         self.tombstones.remove(&(ObservedKind::Slice, id.clone()));

@@ -171,6 +171,13 @@ fn a_relist_older_than_what_is_known_takes_nothing_back() {
     index.replace_slices(vec![slice("a", "10.0.0.4", 11)]);
     assert_eq!(rv_of(&index, "a"), Some(11));
     assert_eq!(rv_of(&index, "b"), None);
+    // Our write's answer, then the watch's echo of the same version: the echo changes
+    // nothing, so it marks no service to compare again.
+    let web = NamespacedName::new("demo", "web");
+    assert!(index.put_slice(slice("a", "10.0.0.5", 12)).contains(&web));
+    assert!(index.put_slice(slice("a", "10.0.0.5", 12)).is_empty());
+    assert!(index.put_slice(slice("a", "10.0.0.5", 13)).contains(&web));
+    assert_eq!(rv_of(&index, "a"), Some(13));
 }
 
 #[test]
