@@ -41,6 +41,38 @@ fn seed(srv: &FakeApiServer, ns: &str, name: &str, ip: &str) {
     );
 }
 
+fn settings() -> Arc<ControllerSettings> {
+    Arc::new(ControllerSettings {
+        local: cluster("east"),
+        clusterset: ClusterSetConfig::default(),
+        unreachable_grace: Duration::from_secs(300),
+        probe_interval: Duration::from_millis(100),
+        identity: "east-agent".into(),
+        policy: AddressPolicy::default(),
+    })
+}
+
+/// East's controller, with east and west as members.
+fn start_east(east: &FakeApiServer, west: &FakeApiServer, metrics: Arc<Metrics>) -> AbortOnDrop {
+    AbortOnDrop(tokio::spawn(controller::run(
+        settings(),
+        vec![
+            (cluster("east"), east.client()),
+            (cluster("west"), west.client()),
+        ],
+        metrics,
+    )))
+}
+
+/// A fake API server that serves Namespaces and refuses writes into a missing one.
+async fn with_namespaces() -> anyhow::Result<FakeApiServer> {
+    FakeApiServer::start_with(Options {
+        namespaces: true,
+        ..Options::default()
+    })
+    .await
+}
+
 fn namespace(name: &str) -> Namespace {
     Namespace {
         metadata: ObjectMeta {
@@ -65,33 +97,13 @@ fn writes_into(srv: &FakeApiServer, ns: &str) -> Vec<String> {
 /// fail, none counted as failed), and imports `web` as soon as `shop` is created there.
 #[tokio::test]
 async fn a_service_is_imported_only_where_its_namespace_exists() -> anyhow::Result<()> {
-    let east = FakeApiServer::start_with(Options {
-        namespaces: true,
-        ..Options::default()
-    })
-    .await?;
+    let east = with_namespaces().await?;
     east.put(&namespace("default"));
     let west = FakeApiServer::start().await?;
     seed(&west, "shop", "web", "10.2.0.1");
     seed(&west, "default", "api", "10.2.0.2");
     let metrics = Arc::new(Metrics::default());
-    let settings = Arc::new(ControllerSettings {
-        local: cluster("east"),
-        clusterset: ClusterSetConfig::default(),
-        unreachable_grace: Duration::from_secs(300),
-        probe_interval: Duration::from_millis(100),
-        identity: "east-agent".into(),
-        policy: AddressPolicy::default(),
-    });
-    let members = vec![
-        (cluster("east"), east.client()),
-        (cluster("west"), west.client()),
-    ];
-    let _controller = AbortOnDrop(tokio::spawn(controller::run(
-        settings,
-        members,
-        metrics.clone(),
-    )));
+    let _controller = start_east(&east, &west, metrics.clone());
 
     east.wait_until(WAIT, "api is imported", |s| {
         s.get::<ServiceImport>("default", "api").is_some()
@@ -122,5 +134,45 @@ async fn a_service_is_imported_only_where_its_namespace_exists() -> anyhow::Resu
     })
     .await?;
     assert!(east.get::<ServiceExport>("shop", "web").is_none());
+    Ok(())
+}
+
+/// A terminating namespace takes no new import, but the conditions of a local ServiceExport in
+/// it are still written: east's own export of `web` in `shop` has no Service (`Valid=False`,
+/// `NoService`), while west exports `web` with endpoints.
+#[tokio::test]
+async fn a_terminating_namespace_gets_export_conditions_but_no_new_import() -> anyhow::Result<()> {
+    let east = with_namespaces().await?;
+    let mut shop = namespace("shop");
+    shop.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+    ));
+    // Terminating, held by a finalizer: objects in it can be written, none created.
+    shop.metadata.finalizers = Some(vec!["kubernetes".into()]);
+    east.put(&shop);
+    east.put(
+        &export("shop", "web")
+            .created("2026-01-02T00:00:00Z")
+            .build(),
+    );
+    let west = FakeApiServer::start().await?;
+    seed(&west, "shop", "web", "10.2.0.1");
+    let _controller = start_east(&east, &west, Arc::default());
+
+    east.wait_until(WAIT, "east's export says it has no Service", |s| {
+        s.get::<ServiceExport>("shop", "web")
+            .and_then(|e| e.status)
+            .is_some_and(|st| {
+                st.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Valid" && c.status == "False" && c.reason == "NoService")
+            })
+    })
+    .await?;
+    let imports: Vec<String> = writes_into(&east, "shop")
+        .into_iter()
+        .filter(|w| w.contains("/serviceimports/") || w.contains("/endpointslices/"))
+        .collect();
+    assert_eq!(imports, Vec::<String>::new());
     Ok(())
 }

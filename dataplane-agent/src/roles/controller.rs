@@ -294,19 +294,29 @@ impl Controller {
         let local = &self.settings.local;
         let mut actions = Vec::new();
         for service in services {
-            if !self.namespaces.writable(&service.namespace) {
-                self.namespaces.skipped(&service.namespace);
-                continue;
-            }
             let output = self.state.service(service);
             let desired = DesiredService::of(output, local);
             note_conflicts(&mut self.conflicts, &self.metrics, service, desired);
-            actions.extend(reconcile_service(
-                service,
-                desired,
-                self.observed.service(service),
-                now,
-            ));
+            let mut of_service =
+                reconcile_service(service, desired, self.observed.service(service), now);
+            // Where the namespace does not exist (or terminates), the import and its slices
+            // would only fail to be created: they wait for it. Deletions, and the status of
+            // and Events on a local export (which exists, so its namespace does), go ahead.
+            if !self.namespaces.writable(&service.namespace) {
+                let before = of_service.len();
+                of_service.retain(|a| {
+                    !matches!(
+                        a,
+                        Action::ApplyImport(_)
+                            | Action::ApplyImportStatus(_)
+                            | Action::ApplySlice(_)
+                    )
+                });
+                if of_service.len() < before {
+                    self.namespaces.skipped(&service.namespace);
+                }
+            }
+            actions.extend(of_service);
         }
         actions
     }

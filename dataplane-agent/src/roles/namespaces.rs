@@ -1,7 +1,7 @@
 //! The local cluster's namespaces, as the controller sees them. A ServiceImport exists in every
-//! cluster where its namespace exists (KEP-1645); where it does not, the controller writes
-//! nothing (a write would only fail, again and again) and writes the service once the
-//! namespace is created. A namespace that terminates takes no new objects either.
+//! cluster where its namespace exists (KEP-1645); where it does not, the controller creates no
+//! import or imported slice (the write would only fail, again and again) and writes them once
+//! the namespace is created. A namespace that terminates takes no new objects either.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -69,7 +69,7 @@ impl LocalNamespaces {
             info!(
                 namespace,
                 "namespace does not exist in this cluster (or is terminating): its \
-                 ServiceImports and EndpointSlices are written once it is created"
+                 ServiceImports and imported EndpointSlices are written once it is created"
             );
         }
     }

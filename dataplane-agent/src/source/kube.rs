@@ -377,9 +377,14 @@ async fn forward<K, T, E>(
             Ok(watcher::Event::Delete(o)) => Some((kind.delete)(&o)),
             Err(e) => {
                 metrics.watch_restart(&cluster, resource);
-                warn!(cluster = %cluster, resource, error = %e, "watch failed; backing off and resuming");
+                // Once per run of failures (the counter counts every one): a watch that cannot
+                // work (RBAC without the namespaces rule) would otherwise warn every few seconds.
                 if health.failing.record(false) {
+                    warn!(cluster = %cluster, resource, error = %e,
+                        "watch failed; backing off and resuming (until it works again, its failures are logged at DEBUG)");
                     wake();
+                } else {
+                    debug!(cluster = %cluster, resource, error = %e, "watch failed again");
                 }
                 None
             }
@@ -615,6 +620,8 @@ pub struct LocalWatch {
     pub watches: [Arc<WatchHealth>; 3],
     /// The namespaces' watch.
     pub namespaces: Arc<WatchHealth>,
+    /// Whether the namespaces were once listed or failed: the gate opens once for them.
+    namespaces_settled: AtomicBool,
     _tasks: Vec<AbortOnDrop>,
 }
 
@@ -696,6 +703,7 @@ impl LocalWatch {
         LocalWatch {
             watches: watches.clone(),
             namespaces: namespaces_health,
+            namespaces_settled: AtomicBool::new(false),
             _tasks: vec![
                 AbortOnDrop(tokio::spawn(imports)),
                 AbortOnDrop(tokio::spawn(slices)),
@@ -705,11 +713,16 @@ impl LocalWatch {
         }
     }
 
-    /// Whether all three first lists are complete, and the namespaces listed or known not to
-    /// be readable (then every namespace is written into, as before the controller read them:
-    /// `deploy/rbac/controller.yaml` older than the namespaces rule).
+    /// Whether all three first lists are complete, and the namespaces were listed or found
+    /// not readable (then every namespace is written into, as before the controller read them:
+    /// `deploy/rbac/controller.yaml` older than the namespaces rule). Once true, it stays so:
+    /// a namespaces watch that recovers does not close the gate until its list completes.
     pub fn synced(&self) -> bool {
-        self.watches.iter().all(|w| w.listed())
+        if !self.namespaces_settled.load(Ordering::Acquire)
             && (self.namespaces.listed() || self.namespaces.failing_since().is_some())
+        {
+            self.namespaces_settled.store(true, Ordering::Release);
+        }
+        self.watches.iter().all(|w| w.listed()) && self.namespaces_settled.load(Ordering::Acquire)
     }
 }
