@@ -206,10 +206,15 @@ fn serve_thread(
     });
 }
 
+/// The most serving threads: a few threads answer far more queries than one node's pods ask.
+const MAX_THREADS: usize = 4;
+
 /// Binds every address (UDP and TCP) and serves `zone` on them from threads of its own. A
 /// port of 0 is chosen by the kernel once and shared by UDP and TCP.
 pub fn serve(listen: &[SocketAddr], zone: DnsZone) -> Result<DnsServer, DnsServerError> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // One thread per core, up to MAX_THREADS: every thread waits on the one UDP socket, and
+    // each datagram wakes them all (a 64-core node would wake 64 for each query).
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_THREADS));
     let mut per_thread: Vec<ThreadSockets> = (0..threads)
         .map(|_| ThreadSockets {
             udp: Vec::new(),

@@ -110,10 +110,23 @@ pub fn build_service(svc: &DnsService) -> Result<ServiceRecords, ZoneError> {
                     h
                 })
                 .collect();
+            // Each host's index, and each port's targets seen: a lookup per endpoint, not a
+            // scan (a headless service may have thousands of endpoints).
+            let host_index: std::collections::HashMap<(&str, &str), u32> = hosts
+                .iter()
+                .enumerate()
+                .map(|(i, h)| {
+                    (
+                        (&*h.cluster, &*h.label),
+                        u32::try_from(i).unwrap_or(u32::MAX),
+                    )
+                })
+                .collect();
             let mut ports = Vec::new();
             for p in named {
                 let name = &p.label[1..];
                 let mut targets: Vec<(u32, u16)> = Vec::new();
+                let mut seen = std::collections::HashSet::new();
                 for ep in ready.clone() {
                     let Some(number) = ep
                         .ports
@@ -124,14 +137,10 @@ pub fn build_service(svc: &DnsService) -> Result<ServiceRecords, ZoneError> {
                         continue;
                     };
                     let label = host_label(ep.hostname.as_deref(), ep.ip);
-                    let Some(i) = hosts
-                        .iter()
-                        .position(|h| *h.cluster == *ep.cluster && *h.label == *label)
-                    else {
+                    let Some(&i) = host_index.get(&(&*ep.cluster, &*label)) else {
                         continue;
                     };
-                    let i = u32::try_from(i).unwrap_or(u32::MAX);
-                    if !targets.iter().any(|(t, _)| *t == i) {
+                    if seen.insert(i) {
                         targets.push((i, number));
                     }
                 }
