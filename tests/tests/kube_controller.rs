@@ -970,6 +970,19 @@ async fn a_controller_started_during_a_member_outage_keeps_its_imports() -> anyh
 /// back when access returns.
 #[tokio::test]
 async fn member_that_forbids_our_reads_is_withdrawn() -> anyhow::Result<()> {
+    withdrawn_while(|west| west.forbid("endpointslices")).await
+}
+
+/// 6c: the same when lists are still allowed but watches are not (RBAC without `watch`, or a
+/// proxy that cuts streams): the member's state would otherwise stay as last listed for good.
+#[tokio::test]
+async fn member_that_forbids_our_watches_is_withdrawn() -> anyhow::Result<()> {
+    withdrawn_while(|west| west.forbid_watches("endpointslices")).await
+}
+
+/// West's endpoints are withdrawn from east's import `grace` after `forbid` takes effect, and
+/// come back once everything is allowed again.
+async fn withdrawn_while(forbid: impl FnOnce(&FakeApiServer)) -> anyhow::Result<()> {
     let (east, west) = (FakeApiServer::start().await?, FakeApiServer::start().await?);
     seed(&east, "east", T_EAST, &["10.1.0.1"]);
     seed(&west, "west", T_WEST, &["10.2.0.1"]);
@@ -981,7 +994,7 @@ async fn member_that_forbids_our_reads_is_withdrawn() -> anyhow::Result<()> {
     })
     .await?;
 
-    west.forbid("endpointslices");
+    forbid(&west);
     assert!(
         west.client().apiserver_version().await.is_ok(),
         "/version still answers"

@@ -28,7 +28,7 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{
     Api, Client, Resource, ResourceExt as _,
-    api::ListParams,
+    api::{ListParams, WatchParams},
     runtime::{WatchStreamExt as _, utils::Backoff, watcher},
 };
 use serde::de::DeserializeOwned;
@@ -113,21 +113,37 @@ impl WatchHealth {
     }
 }
 
-/// Lists one page of one object of each watched kind: proof that the member answers and that
-/// we may still read what we watch (an API server can answer `/version` while our RBAC is
-/// revoked). `limit=1` without a resourceVersion is a cheap consistent read.
+/// Lists one page of one object of each watched kind, then opens a watch from that list's
+/// version and closes it once the API server has accepted it: proof that the member answers
+/// and that we may still list and watch what we watch (an API server can answer `/version`
+/// while our RBAC is revoked, and RBAC, or a proxy in between, can allow lists but not
+/// watches, which would leave the member's state as last listed for good). `limit=1` without a
+/// resourceVersion is a cheap consistent read; the watch starts after it, so it sends next to
+/// nothing.
 async fn probe_lists(client: &Client) -> [Result<(), kube::Error>; 3] {
     let one = ListParams::default().limit(1);
     let services = Api::<Service>::all(client.clone());
     let exports = Api::<ServiceExport>::all(client.clone());
     let slices = Api::<EndpointSlice>::all(client.clone());
     let slice_params = one.clone().labels(LABEL_K8S_SERVICE_NAME);
-    let (a, b, c) = tokio::join!(
-        services.list_metadata(&one),
-        exports.list_metadata(&one),
-        slices.list_metadata(&slice_params),
-    );
-    [a.map(drop), b.map(drop), c.map(drop)]
+    tokio::join!(
+        list_and_watch(&services, &one),
+        list_and_watch(&exports, &one),
+        list_and_watch(&slices, &slice_params),
+    )
+    .into()
+}
+
+/// One list of `params` and a watch from its version, dropped once accepted.
+async fn list_and_watch<K>(api: &Api<K>, params: &ListParams) -> Result<(), kube::Error>
+where
+    K: Resource + Clone + Debug + DeserializeOwned,
+{
+    let list = api.list_metadata(params).await?;
+    let version = list.metadata.resource_version.unwrap_or_default();
+    let mut watch = WatchParams::default().timeout(1);
+    watch.label_selector = params.label_selector.clone();
+    api.watch_metadata(&watch, &version).await.map(drop)
 }
 
 /// Probes a member every `interval` (see [`probe_lists`]). A successful list also ends the

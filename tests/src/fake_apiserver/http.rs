@@ -203,7 +203,7 @@ fn route(
         ));
     }
     let t = target(shared, &rec.path)?;
-    if shared.is_forbidden(&t.rt.plural) {
+    if shared.is_forbidden(&t.rt.plural, rec.is_watch()) {
         return Err(ApiError::new(
             403,
             "Forbidden",

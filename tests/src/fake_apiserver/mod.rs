@@ -192,11 +192,12 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(crate) fn is_forbidden(&self, plural: &str) -> bool {
-        self.forbidden
+    pub(crate) fn is_forbidden(&self, plural: &str, watch: bool) -> bool {
+        let forbidden = self
+            .forbidden
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(plural)
+            .unwrap_or_else(PoisonError::into_inner);
+        forbidden.contains(plural) || (watch && forbidden.contains(&watch_key(plural)))
     }
 
     fn record(&self, rec: RecordedRequest) {
@@ -235,6 +236,11 @@ fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(1024)
+}
+
+/// How [`FakeApiServer::forbid_watches`] files a plural among the forbidden ones.
+fn watch_key(plural: &str) -> String {
+    format!("watch {plural}")
 }
 
 fn split_api_version(api_version: &str) -> (&str, &str) {
@@ -352,13 +358,21 @@ impl FakeApiServer {
             .insert(plural.to_owned());
     }
 
-    /// Undoes [`forbid`](Self::forbid).
+    /// Simulates RBAC (or a proxy) that allows lists of `plural` but not watches: new watch
+    /// requests get 403 Forbidden.
+    pub fn forbid_watches(&self, plural: &str) {
+        self.forbid(&watch_key(plural));
+    }
+
+    /// Undoes [`forbid`](Self::forbid) and [`forbid_watches`](Self::forbid_watches).
     pub fn allow(&self, plural: &str) {
-        self.shared
+        let mut forbidden = self
+            .shared
             .forbidden
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(plural);
+            .unwrap_or_else(PoisonError::into_inner);
+        forbidden.remove(plural);
+        forbidden.remove(&watch_key(plural));
     }
 
     /// Every request received so far, in arrival order.
