@@ -32,9 +32,17 @@ need busybox busybox-static
 busybox=$(command -v busybox)
 
 if [ $# -eq 0 ]; then
-    # The newest 6.1 kernel package the archive has.
-    newest=$(apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' |
-        awk '{print $1}' | sort -V | tail -1)
+    # The newest 6.1 kernel package the archive has (the lists fetched first when they are
+    # empty, as on a slim image whose packages were all installed already).
+    newest_61() {
+        apt-cache search --names-only '^linux-image-6\.1\.0-[0-9]+-amd64$' |
+            awk '{print $1}' | sort -V | tail -1
+    }
+    newest=$(newest_61)
+    if [ -z "$newest" ]; then
+        apt-get update >/dev/null
+        newest=$(newest_61)
+    fi
     if [ -z "$newest" ]; then
         echo "no linux-image-6.1.0-*-amd64 package in the apt lists (run apt-get update; on a Debian other than bookworm, name the packages)" >&2
         exit 1
