@@ -570,14 +570,25 @@ endpoints:
     yaml
 }
 
+/// A server answering a headless import `service` of cluster `east` with `count` endpoints
+/// `10.<net>.0.1`, ... on one port.
+async fn serving_headless(
+    service: &str,
+    port: (&str, u16, u16),
+    net: u8,
+    count: u8,
+) -> (Feed, DnsServer, SocketAddr) {
+    let (mut feed, server, addr) = start().await;
+    let endpoints: Vec<String> = (1..=count)
+        .map(|i| format!("{{addresses: [10.{net}.0.{i}]}}"))
+        .collect();
+    feed.apply(inputs(&headless(service, "east", port, &endpoints)).change(&Interner::new()));
+    (feed, server, addr)
+}
+
 #[tokio::test]
 async fn large_answers_truncate_over_udp_and_come_whole_over_tcp() {
-    let (mut feed, _server, addr) = start().await;
-    let endpoints: Vec<String> = (0..100)
-        .map(|i| format!("{{addresses: [10.3.0.{}]}}", i + 1))
-        .collect();
-    let yaml = headless("big", "east", ("http", 80, 8080), &endpoints);
-    feed.apply(inputs(&yaml).change(&Interner::new()));
+    let (_feed, _server, addr) = serving_headless("big", ("http", 80, 8080), 3, 100).await;
     let name = "big.demo.svc.clusterset.local.";
     let udp = query(addr, Transport::Udp, name, RecordType::A)
         .await
@@ -606,6 +617,44 @@ async fn large_answers_truncate_over_udp_and_come_whole_over_tcp() {
     .await
     .unwrap();
     assert_eq!((srv.answers.len(), srv.additionals.len()), (100, 100));
+}
+
+/// An SRV answer whose records fit in a UDP reply but whose targets' addresses do not: the
+/// additional addresses that do not fit are left out, without TC (RFC 2181 §9: a client would
+/// otherwise ask again over TCP every time), and the OPT record stays.
+#[tokio::test]
+async fn additional_addresses_that_do_not_fit_are_left_out_without_truncation() {
+    // 17 SRV records of about 62 bytes (their targets are not compressed) fit in 1232 bytes;
+    // their 17 addresses do not fit beside them.
+    let (_feed, _server, addr) = serving_headless("db", ("sql", 5432, 5432), 4, 17).await;
+    let name = wire("_sql._tcp.db.demo.svc.clusterset.local.");
+    for opt in [Some(0), None] {
+        let bytes = raw_udp(addr, &packet(0x0100, &[(&name, 33, 1)], opt))
+            .unwrap()
+            .expect("a reply");
+        let reply = Message::from_vec(&bytes).expect("the reply parses");
+        let limit = if opt.is_some() { 1232 } else { 512 };
+        assert!(bytes.len() <= limit, "{} bytes", bytes.len());
+        if opt.is_none() {
+            // 17 SRV records do not fit in 512 bytes: the answer itself is truncated.
+            assert!(reply.metadata.truncation);
+            continue;
+        }
+        assert!(
+            !reply.metadata.truncation,
+            "{opt:?}: {} bytes, {} answers, {} additionals",
+            reply.to_vec().unwrap().len(),
+            reply.answers.len(),
+            reply.additionals.len()
+        );
+        assert_eq!(reply.answers.len(), 17);
+        assert!(
+            !reply.additionals.is_empty() && reply.additionals.len() < 17,
+            "{}",
+            reply.additionals.len()
+        );
+        assert!(reply.edns.is_some(), "the OPT record is kept");
+    }
 }
 
 /// A query message: id 0x1234, flags `flags`, the given questions and an optional OPT record.

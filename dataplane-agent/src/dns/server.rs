@@ -7,15 +7,18 @@
 //! FORMERR, EDNS versions above 0 with BADVERS, classes other than IN with REFUSED, and
 //! everything else from [`Zone::answer`](super::zone::Zone::answer). Answers that do not fit
 //! the client's UDP size are truncated with TC set (hickory's encoder); TCP carries them whole.
+//! Additional records (SRV targets' addresses) that do not fit are left out first, without TC
+//! (RFC 2181 §9), so a client need not ask again over TCP for data it can look up itself.
 
 use std::{net::SocketAddr, time::Duration};
 
 use hickory_server::{
     Server,
-    net::runtime::Time,
+    net::{runtime::Time, xfer::Protocol},
     proto::{
         op::{Edns, Header, HeaderCounts, Metadata, OpCode, ResponseCode},
-        rr::DNSClass,
+        rr::{DNSClass, Record},
+        serialize::binary::{BinEncodable, BinEncoder},
     },
     server::{Request, RequestHandler, ResponseHandler, ResponseInfo},
     zone_handler::MessageResponseBuilder,
@@ -65,6 +68,10 @@ impl RequestHandler for ZoneRequestHandler {
         request: &Request,
         mut response_handle: R,
     ) -> ResponseInfo {
+        let udp_limit = request
+            .edns
+            .as_ref()
+            .map_or(512, |req| req.max_payload().clamp(512, MAX_UDP_PAYLOAD));
         let response_edns = request.edns.as_ref().map(|req| {
             let mut edns = Edns::new();
             edns.set_max_payload(req.max_payload().clamp(512, MAX_UDP_PAYLOAD));
@@ -92,12 +99,21 @@ impl RequestHandler for ZoneRequestHandler {
                 let answer = self.zone.read().answer(query.name(), query.query_type());
                 metadata.response_code = answer.code;
                 metadata.authoritative = answer.authoritative;
+                let additionals = match request.protocol() {
+                    Protocol::Udp => fitting_additionals(
+                        request.queries.as_bytes(),
+                        answer.answers().iter().chain(answer.authorities()),
+                        answer.additionals(),
+                        usize::from(udp_limit),
+                    ),
+                    _ => answer.additionals(),
+                };
                 let response = builder.build(
                     metadata,
                     answer.answers(),
                     answer.authorities(),
                     [],
-                    answer.additionals(),
+                    additionals,
                 );
                 response_handle.send_response(response).await
             }
@@ -118,6 +134,50 @@ impl RequestHandler for ZoneRequestHandler {
             })
         })
     }
+}
+
+/// The size of an OPT record with no options, kept free for it beside the additionals.
+const OPT_RECORD: usize = 11;
+
+/// The start of `additionals` that fits in a UDP reply of `limit` bytes after the question (as
+/// the request sent it, which the reply repeats) and `sections`, leaving room for an OPT
+/// record, and that ends with a whole owner's records. Measured by encoding them as hickory
+/// encodes the reply (the same name compression, and the same room each record needs while it
+/// is written). All of them when the answer itself does not fit (the encoder then truncates
+/// it, with TC) or cannot be measured.
+fn fitting_additionals<'a>(
+    question: &[u8],
+    sections: impl Iterator<Item = &'a Record>,
+    additionals: &'a [Record],
+    limit: usize,
+) -> &'a [Record] {
+    let mut buf = Vec::with_capacity(limit);
+    let mut encoder = BinEncoder::new(&mut buf);
+    encoder.set_max_size(u16::try_from(limit.saturating_sub(OPT_RECORD)).unwrap_or(u16::MAX));
+    let measured = || -> Result<usize, hickory_server::proto::ProtoError> {
+        encoder.emit_vec(&[0; 12])?; // the header
+        let start = encoder.offset();
+        encoder.emit_vec(question)?;
+        encoder.store_label_pointer(start, start + question.len());
+        for r in sections {
+            r.emit(&mut encoder)?;
+        }
+        let mut whole = 0;
+        for (i, r) in additionals.iter().enumerate() {
+            if r.emit(&mut encoder).is_err() {
+                break;
+            }
+            if additionals
+                .get(i + 1)
+                .is_none_or(|next| next.name != r.name)
+            {
+                whole = i + 1;
+            }
+        }
+        Ok(whole)
+    };
+    let keep = measured().unwrap_or(additionals.len());
+    &additionals[..keep]
 }
 
 /// A running DNS server: one thread per core, each with its own single-threaded runtime reading
