@@ -25,7 +25,10 @@ trap 'exit 1' INT TERM HUP
 
 need() {
     command -v "$1" >/dev/null 2>&1 && return
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$2" >/dev/null
+    # The lists fetched first when the install fails on them (empty on a slim image).
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$2" >/dev/null ||
+        { apt-get update >/dev/null &&
+            DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$2" >/dev/null; }
 }
 need qemu-system-x86_64 qemu-system-x86
 need busybox busybox-static

@@ -100,11 +100,12 @@ impl RequestHandler for ZoneRequestHandler {
                 metadata.response_code = answer.code;
                 metadata.authoritative = answer.authoritative;
                 let additionals = match request.protocol() {
+                    // The OPT record, when the reply has one, comes after the additionals.
                     Protocol::Udp => fitting_additionals(
                         request.queries.as_bytes(),
                         answer.answers().iter().chain(answer.authorities()),
                         answer.additionals(),
-                        usize::from(udp_limit),
+                        usize::from(udp_limit) - response_edns.as_ref().map_or(0, |_| OPT_RECORD),
                     ),
                     _ => answer.additionals(),
                 };
@@ -136,12 +137,12 @@ impl RequestHandler for ZoneRequestHandler {
     }
 }
 
-/// The size of an OPT record with no options, kept free for it beside the additionals.
+/// The size of an OPT record with no options, kept free for it after the additionals.
 const OPT_RECORD: usize = 11;
 
-/// The start of `additionals` that fits in a UDP reply of `limit` bytes after the question (as
-/// the request sent it, which the reply repeats) and `sections`, leaving room for an OPT
-/// record, and that ends with a whole owner's records. Measured by encoding them as hickory
+/// The start of `additionals` that fits in `limit` bytes of a UDP reply after the question (as
+/// the request sent it, which the reply repeats) and `sections`, and that ends with a whole
+/// owner's records. Measured by encoding them as hickory
 /// encodes the reply (the same name compression, and the same room each record needs while it
 /// is written). All of them when the answer itself does not fit (the encoder then truncates
 /// it, with TC) or cannot be measured.
@@ -153,7 +154,7 @@ fn fitting_additionals<'a>(
 ) -> &'a [Record] {
     let mut buf = Vec::with_capacity(limit);
     let mut encoder = BinEncoder::new(&mut buf);
-    encoder.set_max_size(u16::try_from(limit.saturating_sub(OPT_RECORD)).unwrap_or(u16::MAX));
+    encoder.set_max_size(u16::try_from(limit).unwrap_or(u16::MAX));
     let measured = || -> Result<usize, hickory_server::proto::ProtoError> {
         encoder.emit_vec(&[0; 12])?; // the header
         let start = encoder.offset();

@@ -99,6 +99,8 @@ impl Reachability {
 pub struct WatchHealth {
     listed: AtomicBool,
     failing: Reachability,
+    /// Whether a failure was logged at WARN since the watch last answered.
+    warned: AtomicBool,
 }
 
 impl WatchHealth {
@@ -359,9 +361,15 @@ async fn forward<K, T, E>(
         // `Init` starts each (re)list before any request is made: only what the API server
         // sent shows that the watch works.
         let answered = matches!(&event, Ok(e) if !matches!(e, watcher::Event::Init));
-        if answered && health.failing.record(true) {
-            info!(cluster = %cluster, resource, "watch works again");
-            wake();
+        if answered {
+            if health.failing.record(true) {
+                wake();
+            }
+            // Logged here, where the watch itself answers: the member probe also clears the
+            // failure (it knows when a resumed watch that sends nothing works again).
+            if health.warned.swap(false, Ordering::AcqRel) {
+                info!(cluster = %cluster, resource, "watch works again");
+            }
         }
         let out = match event {
             Ok(watcher::Event::Init) => {
@@ -393,14 +401,17 @@ async fn forward<K, T, E>(
             Ok(watcher::Event::Delete(o)) => Some((kind.delete)(&o)),
             Err(e) => {
                 metrics.watch_restart(&cluster, resource);
-                // Once per run of failures (the counter counts every one): a watch that cannot
-                // work (RBAC without the namespaces rule) would otherwise warn every few seconds.
                 if health.failing.record(false) {
+                    wake();
+                }
+                // Once until the watch answers again (the counter counts every failure): a
+                // watch that cannot work (RBAC without the namespaces rule) would otherwise
+                // warn every few seconds, and a member's after every probe that clears it.
+                if health.warned.swap(true, Ordering::AcqRel) {
+                    debug!(cluster = %cluster, resource, error = %e, "watch failed again");
+                } else {
                     warn!(cluster = %cluster, resource, error = %e,
                         "watch failed; backing off and resuming (until it works again, its failures are logged at DEBUG)");
-                    wake();
-                } else {
-                    debug!(cluster = %cluster, resource, error = %e, "watch failed again");
                 }
                 None
             }
