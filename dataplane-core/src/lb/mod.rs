@@ -352,9 +352,12 @@ fn build_import<'s>(
         vips.push((family, ip));
     }
 
-    // (name, protocol, number); a Service has a handful of ports, so a list is enough to
-    // find the (number, protocol) listed twice.
+    // (name, protocol, number). An import has a handful of ports, so a scan of the list finds
+    // the (number, protocol) listed twice; a set does beyond that (a hand-written import may
+    // list thousands).
     let mut ports: Vec<(&str, Protocol, u16)> = Vec::with_capacity(si.ports.len());
+    let mut listed: Option<std::collections::HashSet<(Protocol, u16)>> =
+        (si.ports.len() > 16).then(Default::default);
     for p in &si.ports {
         let port_name = p.name_or_empty();
         let protocol = match Protocol::parse(p.protocol.as_deref()) {
@@ -370,10 +373,13 @@ fn build_import<'s>(
             warn(format!("port {port_name:?}: {} is not in 1..65535", p.port));
             continue;
         };
-        if ports
-            .iter()
-            .any(|(_, pr, n)| *n == number && *pr == protocol)
-        {
+        let twice = match &mut listed {
+            Some(set) => !set.insert((protocol, number)),
+            None => ports
+                .iter()
+                .any(|(_, pr, n)| *n == number && *pr == protocol),
+        };
+        if twice {
             warn(format!("port {number}/{protocol} is listed twice; skipped"));
             continue;
         }

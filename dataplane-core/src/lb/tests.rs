@@ -473,6 +473,25 @@ fn bad_import_ports_are_skipped_with_warnings() {
     }
 }
 
+/// An import with many ports (hand-written files may list thousands) finds the one listed
+/// twice as a short one does.
+#[test]
+fn a_port_listed_twice_among_many_is_skipped() {
+    let names: Vec<String> = (1..=40).map(|n| format!("p{n}")).collect();
+    let mut ports: Vec<P<'_>> = (1..=40)
+        .map(|n| (names[n - 1].as_str(), "TCP", n as i32))
+        .collect();
+    ports.push(("again", "TCP", 7));
+    let t = build(&[web(&ports)], &[]);
+    assert_eq!(t.frontends.len(), 40);
+    assert_eq!(t.frontends[&frontend_addr(V4, 7, Tcp)].port_name, "p7");
+    assert!(
+        has_warning(&t, "ServiceImport ns/web", "7/TCP is listed twice"),
+        "{:?}",
+        t.warnings
+    );
+}
+
 #[test]
 fn bad_slices_are_skipped_with_warnings_and_never_panic() {
     let good_ports: &[P<'_>] = &[("http", "TCP", 8080)];

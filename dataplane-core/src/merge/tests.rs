@@ -758,3 +758,52 @@ mod incremental {
         }
     }
 }
+
+/// A Service with more ports than an EndpointSlice may hold is not exported (its slices could
+/// never be written), with a condition that says why, and its neighbour is merged as usual.
+#[test]
+fn a_service_with_more_ports_than_a_slice_holds_is_refused_alone() {
+    let mut big = service("demo", "big")
+        .type_("ClusterIP")
+        .families(&["IPv4"]);
+    for n in 1..=101 {
+        big = big.port(Port::new(&format!("p{n}"), "TCP", n));
+    }
+    let web = service("demo", "web")
+        .type_("ClusterIP")
+        .families(&["IPv4"])
+        .port(Port::new("http", "TCP", 80));
+    let c1 = snapshot("c1")
+        .service(big.build())
+        .export(export("demo", "big"))
+        .service(web.build())
+        .export(export("demo", "web"))
+        .build();
+    let plan = merge(&[c1], &ClusterSetConfig::default(), &cluster("c1"), &[]);
+    let status = |name: &str| {
+        plan.export_statuses
+            .iter()
+            .find(|s| &*s.service.name == name)
+            .expect("a status")
+    };
+    let valid = &status("big").conditions[0];
+    assert_eq!(
+        (valid.status, &*valid.reason),
+        (conditions::ConditionStatus::False, "InvalidServicePorts")
+    );
+    assert!(
+        valid.message.contains("101 ports, at most 100"),
+        "{}",
+        valid.message
+    );
+    assert_eq!(
+        status("web").conditions[0].status,
+        conditions::ConditionStatus::True
+    );
+    let imported: Vec<&str> = plan
+        .service_imports
+        .iter()
+        .map(|i| &*i.service.name)
+        .collect();
+    assert_eq!(imported, ["web"]);
+}
