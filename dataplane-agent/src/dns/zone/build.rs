@@ -131,7 +131,13 @@ pub fn build_service(svc: &DnsService) -> Result<ServiceRecords, ZoneError> {
                     let Some(number) = ep
                         .ports
                         .iter()
-                        .find(|q| q.protocol == p.protocol && q.name.as_deref() == Some(name))
+                        // The label is lowercase; the slice's port name may not be.
+                        .find(|q| {
+                            q.protocol == p.protocol
+                                && q.name
+                                    .as_deref()
+                                    .is_some_and(|n| n.eq_ignore_ascii_case(name))
+                        })
                         .map(|q| q.port)
                     else {
                         continue;

@@ -75,6 +75,15 @@ fn headless() -> DnsService {
     }
 }
 
+/// The SRV answer of `demo/db`'s port `sql`.
+fn sql_srv(zone: &Zone) -> (ResponseCode, Vec<String>) {
+    ask(
+        zone,
+        "_sql._tcp.db.demo.svc.clusterset.local.",
+        RecordType::SRV,
+    )
+}
+
 fn zone_of(services: &[DnsService]) -> Zone {
     let mut zone = Zone::new(DEFAULT_TTL);
     for s in services {
@@ -342,11 +351,7 @@ fn headless_srv_follows_the_per_port_rule() {
     let zone = zone_of(&[headless()]);
     // sql: every ready host of both clusters, each on its slice's port.
     assert_eq!(
-        ask(
-            &zone,
-            "_sql._tcp.db.demo.svc.clusterset.local.",
-            RecordType::SRV
-        ),
+        sql_srv(&zone),
         (
             ResponseCode::NoError,
             strings(&[
@@ -390,6 +395,28 @@ fn headless_srv_follows_the_per_port_rule() {
             RecordType::SRV
         )
         .contains(&"db-0.a.db.demo.svc.clusterset.local. fd00:1::1".to_owned())
+    );
+}
+
+/// A port named with capitals (hand-written files; DNS names are case-insensitive) answers
+/// under its lowercase SRV name with the endpoints whose slices carry it.
+#[test]
+fn an_uppercase_port_name_gets_its_srv_targets() {
+    let sql = port(Some("SQL"), DnsProtocol::Tcp, 5432);
+    let db = DnsService {
+        namespace: "demo".into(),
+        name: "db".into(),
+        kind: DnsKind::Headless,
+        ports: vec![sql.clone()],
+        endpoints: vec![endpoint("a", Some("db-0"), "10.1.0.1", true, &[sql])],
+    };
+    let zone = zone_of(&[db]);
+    assert_eq!(
+        sql_srv(&zone),
+        (
+            ResponseCode::NoError,
+            strings(&["0 100 5432 db-0.a.db.demo.svc.clusterset.local."])
+        )
     );
 }
 
