@@ -153,20 +153,8 @@ pub(crate) fn validate<'a>(
     })
 }
 
-/// The most ports an exported Service may have: its imported EndpointSlices carry them, and an
-/// EndpointSlice holds at most 100 ports (the API server refuses more).
-pub const MAX_SERVICE_PORTS: usize = 100;
-
 /// Normalises a Service's ports, or lists every problem.
 pub fn normalize_ports(ports: &[ServicePortSpec]) -> Result<Vec<ServicePort>, Vec<String>> {
-    // Checked first: the checks below compare each port with the earlier ones.
-    if ports.len() > MAX_SERVICE_PORTS {
-        return Err(vec![format!(
-            "{} ports, at most {MAX_SERVICE_PORTS} can be imported (an EndpointSlice holds at \
-             most {MAX_SERVICE_PORTS})",
-            ports.len()
-        )]);
-    }
     let mut out: Vec<ServicePort> = Vec::with_capacity(ports.len());
     let mut problems = Vec::new();
     for (i, p) in ports.iter().enumerate() {
@@ -183,7 +171,7 @@ pub fn normalize_ports(ports: &[ServicePortSpec]) -> Result<Vec<ServicePort>, Ve
                 p.port
             ));
         }
-        // At most 100 ports: looking back over them beats building sets.
+        // A Service has a handful of ports: looking back over them beats building sets.
         let earlier = &ports[..i];
         if earlier
             .iter()
