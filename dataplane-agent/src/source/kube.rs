@@ -101,9 +101,31 @@ pub struct WatchHealth {
     failing: Reachability,
     /// Whether a failure was logged at WARN since the watch last answered.
     warned: AtomicBool,
+    /// When a failure was last logged at WARN.
+    last_warning: Mutex<Option<Instant>>,
 }
 
+/// The least time between two warnings about one watch's failures: a watch that cannot work
+/// (RBAC without the namespaces rule, or one the member probe keeps clearing) would otherwise
+/// warn every few seconds.
+const WATCH_WARNING_INTERVAL: Duration = Duration::from_secs(600);
+
 impl WatchHealth {
+    /// Whether a failure now is to be logged at WARN (else at DEBUG): at most once per
+    /// [`WATCH_WARNING_INTERVAL`].
+    fn warn_now(&self) -> bool {
+        let mut last = self
+            .last_warning
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if last.is_some_and(|at| at.elapsed() < WATCH_WARNING_INTERVAL) {
+            return false;
+        }
+        *last = Some(Instant::now());
+        self.warned.store(true, Ordering::Release);
+        true
+    }
+
     /// Whether the first complete list has arrived.
     pub fn listed(&self) -> bool {
         self.listed.load(Ordering::Acquire)
@@ -404,14 +426,12 @@ async fn forward<K, T, E>(
                 if health.failing.record(false) {
                     wake();
                 }
-                // Once until the watch answers again (the counter counts every failure): a
-                // watch that cannot work (RBAC without the namespaces rule) would otherwise
-                // warn every few seconds, and a member's after every probe that clears it.
-                if health.warned.swap(true, Ordering::AcqRel) {
-                    debug!(cluster = %cluster, resource, error = %e, "watch failed again");
-                } else {
+                // The counter counts every failure; the log warns at most every 10 minutes.
+                if health.warn_now() {
                     warn!(cluster = %cluster, resource, error = %e,
-                        "watch failed; backing off and resuming (until it works again, its failures are logged at DEBUG)");
+                        "watch failed; backing off and resuming (further failures within 10 minutes are logged at DEBUG)");
+                } else {
+                    debug!(cluster = %cluster, resource, error = %e, "watch failed again");
                 }
                 None
             }
