@@ -19,7 +19,7 @@
 //! reported in [`LbTable::warnings`], and every other service is built as usual.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fmt,
     net::IpAddr,
 };
@@ -356,8 +356,7 @@ fn build_import<'s>(
     // the (number, protocol) listed twice; a set does beyond that (a hand-written import may
     // list thousands).
     let mut ports: Vec<(&str, Protocol, u16)> = Vec::with_capacity(si.ports.len());
-    let mut listed: Option<std::collections::HashSet<(Protocol, u16)>> =
-        (si.ports.len() > 16).then(Default::default);
+    let mut listed: Option<HashSet<(Protocol, u16)>> = (si.ports.len() > 16).then(Default::default);
     for p in &si.ports {
         let port_name = p.name_or_empty();
         let protocol = match Protocol::parse(p.protocol.as_deref()) {
@@ -389,15 +388,38 @@ fn build_import<'s>(
     if vips.is_empty() {
         return vips;
     }
+    // Each slice's port numbers by (name, protocol), for a slice with many ports (the API
+    // allows 20,000): a scan of each slice per frontend would be quadratic in the ports.
+    let port_maps: Vec<Option<HashMap<(&str, PortProtocol), u16>>> = service_slices
+        .iter()
+        .map(|s| {
+            (s.ports.len() > 16).then(|| {
+                let mut map = HashMap::with_capacity(s.ports.len());
+                for p in s.ports.iter() {
+                    // The first of a (name, protocol) listed twice, as the scan finds it.
+                    map.entry((&*p.name, p.protocol)).or_insert(p.port);
+                }
+                map
+            })
+        })
+        .collect();
     for &(family, vip) in &vips {
         claimed.insert(vip, service.clone());
         for (port_name, protocol, number) in &ports {
+            let key = (*port_name, protocol.port_protocol());
             serving.clear();
             serving.extend(
                 service_slices
                     .iter()
-                    .filter(|s| s.family == family)
-                    .filter_map(|s| Some((*s, s.port(port_name, protocol.port_protocol())?))),
+                    .zip(&port_maps)
+                    .filter(|(s, _)| s.family == family)
+                    .filter_map(|(s, map)| {
+                        let port = match map {
+                            Some(map) => map.get(&key).copied(),
+                            None => s.port(key.0, key.1),
+                        };
+                        Some((*s, port?))
+                    }),
             );
             // Ready endpoints; only when none is ready, the serving and terminating ones.
             let allowed = |s: &ImportedSlice, ep: &Endpoint| {

@@ -473,18 +473,37 @@ fn bad_import_ports_are_skipped_with_warnings() {
     }
 }
 
-/// An import with many ports (hand-written files may list thousands) finds the one listed
-/// twice as a short one does.
+/// An import and slices with many ports (the API allows thousands) are built as short ones
+/// are: the port listed twice is found, and each frontend gets its slices' number for it.
 #[test]
-fn a_port_listed_twice_among_many_is_skipped() {
+fn many_ports_are_built_as_a_few_are() {
     let names: Vec<String> = (1..=40).map(|n| format!("p{n}")).collect();
     let mut ports: Vec<P<'_>> = (1..=40)
         .map(|n| (names[n - 1].as_str(), "TCP", n as i32))
         .collect();
     ports.push(("again", "TCP", 7));
-    let t = build(&[web(&ports)], &[]);
+    // c1's slice carries every port (at 1000 + n), c2's only p7 (at 2007).
+    let slice_ports: Vec<P<'_>> = (1..=40)
+        .map(|n| (names[n - 1].as_str(), "TCP", 1000 + n as i32))
+        .collect();
+    let slices = [
+        imported_slice("ns", "a", "web", "c1")
+            .ports(&slice_ports)
+            .endpoints([endpoint("10.0.0.1").ready()])
+            .build(),
+        imported_slice("ns", "b", "web", "c2")
+            .ports([("p7", "TCP", 2007)])
+            .endpoints([endpoint("10.0.0.2").ready()])
+            .build(),
+    ];
+    let t = build(&[web(&ports)], &slices);
     assert_eq!(t.frontends.len(), 40);
     assert_eq!(t.frontends[&frontend_addr(V4, 7, Tcp)].port_name, "p7");
+    assert_eq!(
+        backends(&t, V4, 7, Tcp),
+        ["c1/10.0.0.1:1007", "c2/10.0.0.2:2007"]
+    );
+    assert_eq!(backends(&t, V4, 33, Tcp), ["c1/10.0.0.1:1033"]);
     assert!(
         has_warning(&t, "ServiceImport ns/web", "7/TCP is listed twice"),
         "{:?}",
