@@ -205,7 +205,7 @@ pub(crate) fn conflict(
     let mut parts: Vec<(ConflictReason, String)> = Vec::new();
     // Both sides hold each key once (an export's ports are validated, merged ports are
     // unique), so the sets are equal when the sizes are and one side is in the other.
-    let merged: Vec<ports::PortKeyRef<'_>> = ports
+    let merged: std::collections::HashSet<ports::PortKeyRef<'_>> = ports
         .merged
         .iter()
         .map(|m| ports::key_ref(&m.port))

@@ -157,7 +157,10 @@ pub(crate) fn validate<'a>(
 pub fn normalize_ports(ports: &[ServicePortSpec]) -> Result<Vec<ServicePort>, Vec<String>> {
     let mut out: Vec<ServicePort> = Vec::with_capacity(ports.len());
     let mut problems = Vec::new();
-    for (i, p) in ports.iter().enumerate() {
+    // The names and (number, protocol) pairs seen: a Service may have thousands of ports.
+    let mut names = std::collections::HashSet::with_capacity(ports.len());
+    let mut numbers = std::collections::HashSet::with_capacity(ports.len());
+    for p in ports {
         let shown = p.name.as_deref().unwrap_or("");
         let protocol = p.protocol.as_deref().unwrap_or("TCP");
         if !matches!(protocol, "TCP" | "UDP" | "SCTP") {
@@ -171,18 +174,10 @@ pub fn normalize_ports(ports: &[ServicePortSpec]) -> Result<Vec<ServicePort>, Ve
                 p.port
             ));
         }
-        // A Service has a handful of ports: looking back over them beats building sets.
-        let earlier = &ports[..i];
-        if earlier
-            .iter()
-            .any(|q| q.name.as_deref().unwrap_or("") == shown)
-        {
+        if !names.insert(shown) {
             problems.push(format!("port name {shown:?} is used twice"));
         }
-        if earlier
-            .iter()
-            .any(|q| q.port == p.port && q.protocol.as_deref().unwrap_or("TCP") == protocol)
-        {
+        if !numbers.insert((p.port, protocol)) {
             problems.push(format!("{}/{protocol} is declared twice", p.port));
         }
         out.push(ServicePort {

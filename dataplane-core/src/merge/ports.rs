@@ -16,6 +16,8 @@
 //! `PortConflict`.) Only those clusters' endpoints carry the port in the imported
 //! EndpointSlices, which is what restricts traffic to clusters that declare the port.
 
+use std::collections::{HashMap, HashSet};
+
 use super::MergedPort;
 use super::exports::Export;
 use crate::model::{ClusterId, ServicePort};
@@ -33,11 +35,9 @@ pub fn key_ref(p: &ServicePort) -> PortKeyRef<'_> {
     )
 }
 
-/// Whether two ports are "the same port" for routing: same name, protocol and number.
-pub fn same_l4(a: &ServicePort, b: &ServicePort) -> bool {
-    a.name_or_empty() == b.name_or_empty()
-        && a.protocol_or_tcp() == b.protocol_or_tcp()
-        && a.port == b.port
+/// A port as the routing rule tells ports apart: (name, protocol, number), no appProtocol.
+fn l4_key(p: &ServicePort) -> (&str, &str, i32) {
+    (p.name_or_empty(), p.protocol_or_tcp(), p.port)
 }
 
 /// A port of a newer export that lost to an older definition.
@@ -76,15 +76,14 @@ pub(crate) fn merge(exports: &[&Export<'_>]) -> MergedPorts {
     let mut out = MergedPorts::default();
     // The cluster each merged port came from, for the messages.
     let mut origin: Vec<&ClusterId> = Vec::new();
+    // The merged ports by name and by (protocol, number): a Service may have thousands of
+    // ports, and a scan of the merged ones for each would be quadratic.
+    let mut by_name_index: HashMap<&str, usize> = HashMap::new();
+    let mut by_number_index: HashMap<(&str, i32), usize> = HashMap::new();
     for e in exports {
         for p in &e.ports {
-            let by_name = out
-                .merged
-                .iter()
-                .position(|m| m.port.name_or_empty() == p.name_or_empty());
-            let by_number = out.merged.iter().position(|m| {
-                m.port.protocol_or_tcp() == p.protocol_or_tcp() && m.port.port == p.port
-            });
+            let by_name = by_name_index.get(p.name_or_empty()).copied();
+            let by_number = by_number_index.get(&(p.protocol_or_tcp(), p.port)).copied();
             match by_name.or(by_number) {
                 Some(i) if key_ref(&out.merged[i].port) == key_ref(p) => {}
                 Some(i) => out.dropped.push(Dropped {
@@ -94,6 +93,12 @@ pub(crate) fn merge(exports: &[&Export<'_>]) -> MergedPorts {
                     winner_cluster: origin[i].clone(),
                 }),
                 None => {
+                    // The first merged port of a name (or number) is the one a scan finds.
+                    let at = out.merged.len();
+                    by_name_index.entry(p.name_or_empty()).or_insert(at);
+                    by_number_index
+                        .entry((p.protocol_or_tcp(), p.port))
+                        .or_insert(at);
                     out.merged.push(MergedPort {
                         port: p.clone(),
                         clusters: Vec::new(),
@@ -103,11 +108,18 @@ pub(crate) fn merge(exports: &[&Export<'_>]) -> MergedPorts {
             }
         }
     }
+    // Each export's ports by (name, protocol, number).
+    let l4: Vec<HashSet<(&str, &str, i32)>> = exports
+        .iter()
+        .map(|e| e.ports.iter().map(l4_key).collect())
+        .collect();
     for m in &mut out.merged {
+        let key = l4_key(&m.port);
         let mut clusters: Vec<ClusterId> = exports
             .iter()
-            .filter(|e| e.ports.iter().any(|p| same_l4(p, &m.port)))
-            .map(|e| e.cluster.clone())
+            .zip(&l4)
+            .filter(|(_, ports)| ports.contains(&key))
+            .map(|(e, _)| e.cluster.clone())
             .collect();
         clusters.sort();
         clusters.dedup();

@@ -23,14 +23,14 @@
 //! gets `-<8 hex digits of FNV-1a>` of the service and cluster; names are capped at 253
 //! characters the same way.
 
-use std::{borrow::Cow, sync::Arc};
+use std::{borrow::Cow, collections::HashMap, sync::Arc};
 
 use super::MergedPort;
 use super::exports::Export;
 use super::ips::fnv1a;
 use crate::model::{
     ClusterId, Interner, IpFamily, NamespacedName,
-    member::LocalSlice,
+    member::{LocalSlice, LocalSlicePort},
     name::Name,
     records::{Endpoint, EndpointExtra, Endpoints, ImportedSlice, PortProtocol, SlicePort},
 };
@@ -116,21 +116,30 @@ pub(crate) fn build(
                 .iter()
                 .filter(|s| s.ip_family() == Some(*family))
             {
+                // The slice's ports by (name, protocol) when it has many (a Service may have
+                // thousands): a scan for each declared port would be quadratic.
+                let by_key: Option<HashMap<(&str, &str), &LocalSlicePort>> =
+                    (local.ports.len() > 16).then(|| {
+                        let mut map = HashMap::with_capacity(local.ports.len());
+                        for lp in local.ports.iter() {
+                            map.entry(port_key(lp)).or_insert(lp);
+                        }
+                        map
+                    });
                 let ports: Vec<SlicePort> = declared
                     .iter()
                     .filter_map(|m| {
-                        let name = m.port.name_or_empty();
-                        let proto = m.port.protocol_or_tcp();
-                        local.ports.iter().find_map(|lp| {
-                            (lp.name.as_deref().unwrap_or("") == name
-                                && lp.protocol.as_deref().unwrap_or("TCP") == proto)
-                                .then(|| SlicePort {
-                                    name: lp.name.clone().unwrap_or_else(|| unnamed.clone()),
-                                    protocol: PortProtocol::parse(Some(proto))
-                                        .unwrap_or(PortProtocol::Tcp),
-                                    port: lp.port,
-                                    app_protocol: lp.app_protocol.clone(),
-                                })
+                        let wanted = (m.port.name_or_empty(), m.port.protocol_or_tcp());
+                        let lp = match &by_key {
+                            Some(map) => map.get(&wanted).copied(),
+                            None => local.ports.iter().find(|lp| port_key(lp) == wanted),
+                        }?;
+                        Some(SlicePort {
+                            name: lp.name.clone().unwrap_or_else(|| unnamed.clone()),
+                            protocol: PortProtocol::parse(Some(wanted.1))
+                                .unwrap_or(PortProtocol::Tcp),
+                            port: lp.port,
+                            app_protocol: lp.app_protocol.clone(),
                         })
                     })
                     .collect();
@@ -175,6 +184,14 @@ pub(crate) fn build(
             }
         }
     }
+}
+
+/// A local slice port's (name, protocol), as a merged port's are compared with it.
+fn port_key(lp: &LocalSlicePort) -> (&str, &str) {
+    (
+        lp.name.as_deref().unwrap_or(""),
+        lp.protocol.as_deref().unwrap_or("TCP"),
+    )
 }
 
 /// The endpoints of `local` that `policy` allows for `cluster`, the others appended to

@@ -758,3 +758,67 @@ mod incremental {
         }
     }
 }
+
+/// Services with many ports (the API allows thousands) merge as ones with a few do: the union
+/// with the oldest definition of each, per cluster slices carrying the ports that cluster
+/// declares identically, at its local slices' numbers.
+#[test]
+fn many_ports_merge_as_a_few_do() {
+    let member = |c: &str, created: &str, p7: i32, base: i32| {
+        let names: Vec<String> = (1..=40).map(|n| format!("p{n}")).collect();
+        let ports = (1..=40).map(|n| {
+            let number = if n == 7 { p7 } else { n };
+            Port::new(&names[n as usize - 1], "TCP", number)
+        });
+        let slice_ports = (1..=40).map(|n| Port::new(&names[n as usize - 1], "TCP", base + n));
+        snapshot(c)
+            .service(
+                service("demo", "web")
+                    .type_("ClusterIP")
+                    .families(&["IPv4"])
+                    .ports(ports)
+                    .build(),
+            )
+            .export(export("demo", "web").created(created))
+            .slice(
+                local_slice("demo", &format!("web-{c}"), "web")
+                    .ports(slice_ports)
+                    .endpoint(crate::fixtures::endpoint(&format!("10.0.0.{}", base / 1000)).ready())
+                    .build(),
+            )
+            .build()
+    };
+    // c2 declares p7 as 7007: it loses to c1's older p7 (7), so c2 does not serve p7.
+    let snapshots = [
+        member("c1", "2026-01-01T00:00:00Z", 7, 1000),
+        member("c2", "2026-01-02T00:00:00Z", 7007, 2000),
+    ];
+    let plan = merge(
+        &snapshots,
+        &ClusterSetConfig::default(),
+        &cluster("c1"),
+        &[],
+    );
+    assert_eq!(plan.service_imports[0].ports.len(), 40);
+    let table = crate::lb::build_records(&plan.service_imports, &plan.endpoint_slices);
+    let backends = |port: u16| -> Vec<String> {
+        let (_, f) = table
+            .frontends
+            .iter()
+            .find(|(a, _)| a.port == port)
+            .expect("a frontend");
+        f.backends
+            .iter()
+            .map(|b| format!("{}/{}:{}", b.cluster, b.ip, b.port))
+            .collect()
+    };
+    assert_eq!(backends(7), ["c1/10.0.0.1:1007"]);
+    assert_eq!(backends(33), ["c1/10.0.0.1:1033", "c2/10.0.0.2:2033"]);
+    assert!(
+        plan.export_statuses
+            .iter()
+            .any(|s| s.conflict().is_some_and(|c| c.message.contains("7007"))),
+        "{:?}",
+        plan.export_statuses
+    );
+}
