@@ -286,6 +286,9 @@ fn warnings_of<'a, T: Record>(
     })
 }
 
+/// A slice's port numbers by (name, protocol).
+type SlicePorts<'a> = HashMap<(&'a str, PortProtocol), u16>;
+
 /// The frontends and VIPs of one import (the one kept for its namespace/name), given the
 /// slices of its service in cluster order. A VIP already in `claimed` (claimed by an import
 /// earlier in sorted order) is skipped; the VIPs this import gets are added to `claimed` and
@@ -390,19 +393,22 @@ fn build_import<'s>(
     }
     // Each slice's port numbers by (name, protocol), for a slice with many ports (the API
     // allows 20,000): a scan of each slice per frontend would be quadratic in the ports.
-    let port_maps: Vec<Option<HashMap<(&str, PortProtocol), u16>>> = service_slices
-        .iter()
-        .map(|s| {
-            (s.ports.len() > 16).then(|| {
-                let mut map = HashMap::with_capacity(s.ports.len());
-                for p in s.ports.iter() {
-                    // The first of a (name, protocol) listed twice, as the scan finds it.
-                    map.entry((&*p.name, p.protocol)).or_insert(p.port);
-                }
-                map
-            })
-        })
-        .collect();
+    let port_maps: Option<Vec<Option<SlicePorts<'_>>>> =
+        service_slices.iter().any(|s| s.ports.len() > 16).then(|| {
+            service_slices
+                .iter()
+                .map(|s| {
+                    (s.ports.len() > 16).then(|| {
+                        let mut map = HashMap::with_capacity(s.ports.len());
+                        for p in s.ports.iter() {
+                            // The first of a (name, protocol) listed twice, as the scan finds it.
+                            map.entry((&*p.name, p.protocol)).or_insert(p.port);
+                        }
+                        map
+                    })
+                })
+                .collect()
+        });
     for &(family, vip) in &vips {
         claimed.insert(vip, service.clone());
         for (port_name, protocol, number) in &ports {
@@ -411,9 +417,10 @@ fn build_import<'s>(
             serving.extend(
                 service_slices
                     .iter()
-                    .zip(&port_maps)
-                    .filter(|(s, _)| s.family == family)
-                    .filter_map(|(s, map)| {
+                    .enumerate()
+                    .filter(|(_, s)| s.family == family)
+                    .filter_map(|(i, s)| {
+                        let map = port_maps.as_ref().and_then(|maps| maps[i].as_ref());
                         let port = match map {
                             Some(map) => map.get(&key).copied(),
                             None => s.port(key.0, key.1),

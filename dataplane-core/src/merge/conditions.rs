@@ -205,16 +205,25 @@ pub(crate) fn conflict(
     let mut parts: Vec<(ConflictReason, String)> = Vec::new();
     // Both sides hold each key once (an export's ports are validated, merged ports are
     // unique), so the sets are equal when the sizes are and one side is in the other.
-    let merged: std::collections::HashSet<ports::PortKeyRef<'_>> = ports
+    let merged: Vec<ports::PortKeyRef<'_>> = ports
         .merged
         .iter()
         .map(|m| ports::key_ref(&m.port))
         .collect();
+    // A scan of the merged ports for the usual handful, a set for many.
+    let merged_set: Option<std::collections::HashSet<ports::PortKeyRef<'_>>> =
+        (merged.len() > 16).then(|| merged.iter().copied().collect());
     let disagree: Vec<&Export<'_>> = exports
         .iter()
         .filter(|e| {
             e.ports.len() != merged.len()
-                || !e.ports.iter().all(|p| merged.contains(&ports::key_ref(p)))
+                || !e.ports.iter().all(|p| {
+                    let key = ports::key_ref(p);
+                    match &merged_set {
+                        Some(set) => set.contains(&key),
+                        None => merged.contains(&key),
+                    }
+                })
         })
         .collect();
     if !disagree.is_empty() {

@@ -157,10 +157,15 @@ pub(crate) fn validate<'a>(
 pub fn normalize_ports(ports: &[ServicePortSpec]) -> Result<Vec<ServicePort>, Vec<String>> {
     let mut out: Vec<ServicePort> = Vec::with_capacity(ports.len());
     let mut problems = Vec::new();
-    // The names and (number, protocol) pairs seen: a Service may have thousands of ports.
-    let mut names = std::collections::HashSet::with_capacity(ports.len());
-    let mut numbers = std::collections::HashSet::with_capacity(ports.len());
-    for p in ports {
+    // Each port is compared with the earlier ones: by a scan for the usual handful, in sets
+    // for a long list (a Service may have thousands of ports).
+    let mut seen = (ports.len() > 16).then(|| {
+        (
+            std::collections::HashSet::with_capacity(ports.len()),
+            std::collections::HashSet::with_capacity(ports.len()),
+        )
+    });
+    for (i, p) in ports.iter().enumerate() {
         let shown = p.name.as_deref().unwrap_or("");
         let protocol = p.protocol.as_deref().unwrap_or("TCP");
         if !matches!(protocol, "TCP" | "UDP" | "SCTP") {
@@ -174,10 +179,22 @@ pub fn normalize_ports(ports: &[ServicePortSpec]) -> Result<Vec<ServicePort>, Ve
                 p.port
             ));
         }
-        if !names.insert(shown) {
+        let earlier = &ports[..i];
+        let (name_twice, number_twice) = match &mut seen {
+            Some((names, numbers)) => (!names.insert(shown), !numbers.insert((p.port, protocol))),
+            None => (
+                earlier
+                    .iter()
+                    .any(|q| q.name.as_deref().unwrap_or("") == shown),
+                earlier.iter().any(|q| {
+                    q.port == p.port && q.protocol.as_deref().unwrap_or("TCP") == protocol
+                }),
+            ),
+        };
+        if name_twice {
             problems.push(format!("port name {shown:?} is used twice"));
         }
-        if !numbers.insert((p.port, protocol)) {
+        if number_twice {
             problems.push(format!("{}/{protocol} is declared twice", p.port));
         }
         out.push(ServicePort {

@@ -36,7 +36,10 @@ pub fn key_ref(p: &ServicePort) -> PortKeyRef<'_> {
 }
 
 /// A port as the routing rule tells ports apart: (name, protocol, number), no appProtocol.
-fn l4_key(p: &ServicePort) -> (&str, &str, i32) {
+type L4Key<'a> = (&'a str, &'a str, i32);
+
+/// The [`L4Key`] of a port.
+fn l4_key(p: &ServicePort) -> L4Key<'_> {
     (p.name_or_empty(), p.protocol_or_tcp(), p.port)
 }
 
@@ -71,19 +74,32 @@ pub fn show(p: &ServicePort) -> String {
     s
 }
 
+/// The merged ports' positions by name and by (protocol, number).
+type MergedIndex<'a> = (HashMap<&'a str, usize>, HashMap<(&'a str, i32), usize>);
+
 /// Merges the ports of `exports` (oldest first).
 pub(crate) fn merge(exports: &[&Export<'_>]) -> MergedPorts {
     let mut out = MergedPorts::default();
     // The cluster each merged port came from, for the messages.
     let mut origin: Vec<&ClusterId> = Vec::new();
-    // The merged ports by name and by (protocol, number): a Service may have thousands of
-    // ports, and a scan of the merged ones for each would be quadratic.
-    let mut by_name_index: HashMap<&str, usize> = HashMap::new();
-    let mut by_number_index: HashMap<(&str, i32), usize> = HashMap::new();
+    // The merged ports by name and by (protocol, number) when there are many (a Service may
+    // have thousands): a scan of the merged ones for each port would be quadratic.
+    let many = exports.iter().any(|e| e.ports.len() > 16);
+    let mut index: Option<MergedIndex<'_>> = many.then(Default::default);
     for e in exports {
         for p in &e.ports {
-            let by_name = by_name_index.get(p.name_or_empty()).copied();
-            let by_number = by_number_index.get(&(p.protocol_or_tcp(), p.port)).copied();
+            let (name, number) = (p.name_or_empty(), (p.protocol_or_tcp(), p.port));
+            let (by_name, by_number) = match &index {
+                Some((names, numbers)) => (names.get(name).copied(), numbers.get(&number).copied()),
+                None => (
+                    out.merged
+                        .iter()
+                        .position(|m| m.port.name_or_empty() == name),
+                    out.merged
+                        .iter()
+                        .position(|m| (m.port.protocol_or_tcp(), m.port.port) == number),
+                ),
+            };
             match by_name.or(by_number) {
                 Some(i) if key_ref(&out.merged[i].port) == key_ref(p) => {}
                 Some(i) => out.dropped.push(Dropped {
@@ -94,11 +110,11 @@ pub(crate) fn merge(exports: &[&Export<'_>]) -> MergedPorts {
                 }),
                 None => {
                     // The first merged port of a name (or number) is the one a scan finds.
-                    let at = out.merged.len();
-                    by_name_index.entry(p.name_or_empty()).or_insert(at);
-                    by_number_index
-                        .entry((p.protocol_or_tcp(), p.port))
-                        .or_insert(at);
+                    if let Some((names, numbers)) = &mut index {
+                        let at = out.merged.len();
+                        names.entry(name).or_insert(at);
+                        numbers.entry(number).or_insert(at);
+                    }
                     out.merged.push(MergedPort {
                         port: p.clone(),
                         clusters: Vec::new(),
@@ -108,18 +124,23 @@ pub(crate) fn merge(exports: &[&Export<'_>]) -> MergedPorts {
             }
         }
     }
-    // Each export's ports by (name, protocol, number).
-    let l4: Vec<HashSet<(&str, &str, i32)>> = exports
-        .iter()
-        .map(|e| e.ports.iter().map(l4_key).collect())
-        .collect();
+    // Each export's ports by (name, protocol, number), when there are many.
+    let l4: Option<Vec<HashSet<L4Key<'_>>>> = many.then(|| {
+        exports
+            .iter()
+            .map(|e| e.ports.iter().map(l4_key).collect())
+            .collect()
+    });
     for m in &mut out.merged {
         let key = l4_key(&m.port);
         let mut clusters: Vec<ClusterId> = exports
             .iter()
-            .zip(&l4)
-            .filter(|(_, ports)| ports.contains(&key))
-            .map(|(e, _)| e.cluster.clone())
+            .enumerate()
+            .filter(|(i, e)| match &l4 {
+                Some(sets) => sets[*i].contains(&key),
+                None => e.ports.iter().any(|p| l4_key(p) == key),
+            })
+            .map(|(_, e)| e.cluster.clone())
             .collect();
         clusters.sort();
         clusters.dedup();
