@@ -12,6 +12,7 @@ pub mod adopt;
 pub mod convert;
 pub mod counters;
 pub mod desired;
+mod flush;
 pub mod grace;
 pub mod ids;
 pub mod inspect;
