@@ -116,6 +116,20 @@ fn a_removed_with_failing_deletes(failures: usize) -> (MapSync, MemMaps, Entries
     (sync, maps, before, report)
 }
 
+/// The removed frontend is gone with its name and cluster name, and its id and slots are given
+/// back: the next frontend fits in the slots, which hold one frontend's range.
+fn all_given_back(sync: &mut MapSync, maps: &mut MemMaps) {
+    assert!(
+        read_back(&maps.contents).is_empty(),
+        "the removed entry is gone"
+    );
+    assert!(maps.contents.names.is_empty() && maps.contents.clusters.is_empty());
+    let t2 = table(&[("b", vip(2), vec![(80, seven(21))])]);
+    let report = sync_checked(sync, maps, &t2);
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(read_back(&maps.contents), desired::entries(&t2));
+}
+
 /// A frontend delete that fails once is tried again: the entry goes, and its id, name and
 /// slots are given back. The slots hold one frontend's range, so the next frontend fits only
 /// in the range given back.
@@ -132,12 +146,7 @@ fn a_frontend_delete_that_fails_once_is_tried_again() {
         Some((port80(vip(1)).key(), 0)),
         "it failed once"
     );
-    assert!(read_back(&maps.contents).is_empty());
-    assert!(maps.contents.names.is_empty() && maps.contents.clusters.is_empty());
-    let t2 = table(&[("b", vip(2), vec![(80, seven(21))])]);
-    let report = sync_checked(&mut sync, &mut maps, &t2);
-    assert!(report.failed.is_empty(), "{:?}", report.failed);
-    assert_eq!(read_back(&maps.contents), desired::entries(&t2));
+    all_given_back(&mut sync, &mut maps);
 }
 
 /// A frontend whose delete keeps failing (each sync tries it twice) still routes: it keeps its
@@ -203,15 +212,7 @@ fn a_frontend_delete_that_fails_twice_is_tried_again_by_the_services_next_sync()
         report.delete_errors.is_empty() && report.undeleted.is_empty(),
         "{report:?}"
     );
-    assert!(
-        read_back(&maps.contents).is_empty(),
-        "the stale entry is gone"
-    );
-    assert!(maps.contents.names.is_empty() && maps.contents.clusters.is_empty());
-    let t2 = table(&[("b", vip(2), vec![(80, seven(21))])]);
-    let report = sync_checked(&mut sync, &mut maps, &t2);
-    assert!(report.failed.is_empty(), "{:?}", report.failed);
-    assert_eq!(read_back(&maps.contents), desired::entries(&t2));
+    all_given_back(&mut sync, &mut maps);
 }
 
 /// Two services swap VIPs in one batch and a write of the batch fails: the batch is undone and
