@@ -152,6 +152,10 @@ fn fitting_additionals<'a>(
     additionals: &'a [Record],
     limit: usize,
 ) -> &'a [Record] {
+    // Only SRV answers have additionals: every other query is answered without measuring.
+    if additionals.is_empty() {
+        return additionals;
+    }
     let mut buf = Vec::with_capacity(limit);
     let mut encoder = BinEncoder::new(&mut buf);
     encoder.set_max_size(u16::try_from(limit).unwrap_or(u16::MAX));
