@@ -263,11 +263,6 @@ impl Node {
         Some(report)
     }
 
-    /// Whether some services' last write failed.
-    pub fn has_failed_writes(&self) -> bool {
-        !self.retry.is_empty()
-    }
-
     /// When the retry of a failed write is next due: [`Node::apply`], with no changes then,
     /// tries it again.
     pub fn retry_deadline(&self) -> Option<tokio::time::Instant> {
