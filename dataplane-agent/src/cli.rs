@@ -124,6 +124,12 @@ pub struct DnsArgs {
     /// TTL of the DNS answers, in seconds.
     #[arg(long = "dns-ttl", value_name = "SECONDS", default_value_t = crate::dns::zone::DEFAULT_TTL)]
     pub ttl: u32,
+    /// The most DNS-over-TCP connections open at once; an eighth of them may come from one
+    /// client address. Connections over the limit are closed as they come.
+    #[arg(long = "dns-max-tcp-connections", value_name = "N",
+          default_value_t = crate::dns::DEFAULT_MAX_TCP_CONNECTIONS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_tcp_connections: u32,
 }
 
 impl DnsArgs {
@@ -131,6 +137,7 @@ impl DnsArgs {
         crate::dns::DnsOptions {
             listen: self.listen.clone(),
             ttl: self.ttl,
+            max_tcp_connections: self.max_tcp_connections as usize,
         }
     }
 }

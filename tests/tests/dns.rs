@@ -177,9 +177,15 @@ impl Feed {
 
 /// A server on an ephemeral loopback port, its zone not fed yet.
 async fn start() -> (Feed, DnsServer, SocketAddr) {
+    start_with(dns::DEFAULT_MAX_TCP_CONNECTIONS as usize).await
+}
+
+/// [`start`], with at most `max_tcp_connections` TCP connections at once.
+async fn start_with(max_tcp_connections: usize) -> (Feed, DnsServer, SocketAddr) {
     let options = DnsOptions {
         listen: vec!["127.0.0.1:0".parse().unwrap()],
         ttl: 5,
+        max_tcp_connections,
     };
     let (zone, server) = dns::start(&options).unwrap().unwrap();
     let addr = server.addresses[0];
@@ -997,6 +1003,7 @@ fn dual_stack_wildcard_listen_addresses_serve_both_families() {
                     "[::]:5353".parse().unwrap(),
                 ],
                 ttl: 5,
+                max_tcp_connections: 16,
             };
             let (zone, _server) = dns::start(&options)
                 .expect("both addresses bind")
@@ -1117,4 +1124,116 @@ async fn a_clusterset_ip_listed_twice_resolves_only_for_its_owner() {
     let moved = data(addr, &other_name, RecordType::A).await.1;
     assert_eq!(moved.len(), 1, "{moved:?}");
     assert!(moved[0].ends_with("241.0.0.10"), "{moved:?}");
+}
+
+/// A TCP connection from `source` (a loopback address) to `server`.
+async fn tcp_from(source: &str, server: SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(SocketAddr::new(source.parse().unwrap(), 0))
+        .unwrap();
+    socket.connect(server).await.unwrap()
+}
+
+/// Sends `message` over `stream` (length-prefixed) and returns the reply, or `None` when the
+/// server closed the connection or did not answer within a second.
+async fn exchange(stream: &mut tokio::net::TcpStream, message: &[u8]) -> Option<Message> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut framed = (message.len() as u16).to_be_bytes().to_vec();
+    framed.extend(message);
+    // A closed connection may still take the write; its read then ends.
+    let _ = stream.write_all(&framed).await;
+    let read = async {
+        let mut len = [0u8; 2];
+        stream.read_exact(&mut len).await.ok()?;
+        let mut reply = vec![0u8; u16::from_be_bytes(len) as usize];
+        stream.read_exact(&mut reply).await.ok()?;
+        Some(reply)
+    };
+    let reply = tokio::time::timeout(Duration::from_secs(1), read)
+        .await
+        .ok()??;
+    Some(Message::from_vec(&reply).expect("the reply parses"))
+}
+
+/// Asks `web`'s A record over `stream` and returns the answer's addresses, or `None` when the
+/// server closed the connection (or did not answer within a second).
+async fn ask_over(stream: &mut tokio::net::TcpStream) -> Option<Vec<String>> {
+    let query = packet(0x0100, &[(&wire(WEB), 1, 1)], None);
+    let reply = exchange(stream, &query).await?;
+    Some(reply.answers.iter().map(|r| r.data.to_string()).collect())
+}
+
+/// Over TCP too: a message that does not parse gets FORMERR with its id, a response gets no
+/// reply, and the connection goes on answering.
+#[tokio::test]
+async fn bad_messages_over_tcp_get_formerr_and_the_connection_goes_on() {
+    let (mut feed, _server, addr) = start().await;
+    feed.apply(inputs(INPUTS).change(&Interner::new()));
+    let web = Some(strings(&["241.0.0.10"]));
+    let mut stream = tcp_from("127.0.0.1", addr).await;
+    let cut_short = packet(0x0100, &[(&wire(WEB), 1, 1)], None)[..20].to_vec();
+    let reply = exchange(&mut stream, &cut_short).await.expect("a reply");
+    assert_eq!(
+        (reply.metadata.id, reply.metadata.response_code),
+        (0x1234, ResponseCode::FormErr)
+    );
+    assert_eq!(ask_over(&mut stream).await, web);
+    let response = packet(0x8100, &[(&wire(WEB), 1, 1)], None);
+    assert!(
+        exchange(&mut stream, &response).await.is_none(),
+        "a response is not answered"
+    );
+    assert_eq!(ask_over(&mut stream).await, web);
+}
+
+/// At most an eighth of the TCP connections from one client address, and the server's cap in
+/// all: the connections over either are closed as they come, the admitted ones keep
+/// answering, and a place comes back when its connection closes.
+#[tokio::test]
+async fn tcp_connections_over_the_limits_are_closed_and_their_places_come_back() {
+    // 8 connections in all, 1 per client address.
+    let (mut feed, _server, addr) = start_with(8).await;
+    feed.apply(inputs(INPUTS).change(&Interner::new()));
+    let web = Some(strings(&["241.0.0.10"]));
+
+    let mut first = tcp_from("127.0.0.1", addr).await;
+    assert_eq!(ask_over(&mut first).await, web);
+    let mut second = tcp_from("127.0.0.1", addr).await;
+    assert_eq!(
+        ask_over(&mut second).await,
+        None,
+        "a second connection from one client"
+    );
+
+    let mut others = Vec::new();
+    for i in 2..=8 {
+        let mut other = tcp_from(&format!("127.0.0.{i}"), addr).await;
+        assert_eq!(ask_over(&mut other).await, web, "client 127.0.0.{i}");
+        others.push(other);
+    }
+    let mut ninth = tcp_from("127.0.0.9", addr).await;
+    assert_eq!(
+        ask_over(&mut ninth).await,
+        None,
+        "a ninth connection in all"
+    );
+    // The admitted ones still answer.
+    assert_eq!(ask_over(&mut first).await, web);
+    assert_eq!(ask_over(&mut others[6]).await, web);
+
+    // Closing one gives its place back (once the server has seen the close).
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut again = tcp_from("127.0.0.1", addr).await;
+        if ask_over(&mut again).await == web {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the closed connection's place never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

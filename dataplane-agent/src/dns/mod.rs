@@ -9,6 +9,9 @@
 //! - [`server`]: the hickory-server edge (UDP and TCP on each `--dns-listen` address).
 
 pub mod server;
+mod tcp;
+
+pub use tcp::DEFAULT_MAX_TCP_CONNECTIONS;
 pub mod zone;
 
 use std::{
@@ -137,6 +140,8 @@ pub struct DnsOptions {
     pub listen: Vec<std::net::SocketAddr>,
     /// TTL of every answer, in seconds.
     pub ttl: u32,
+    /// The most TCP connections open at once (an eighth of them from one client address).
+    pub max_tcp_connections: usize,
 }
 
 impl Default for DnsOptions {
@@ -144,6 +149,7 @@ impl Default for DnsOptions {
         DnsOptions {
             listen: Vec::new(),
             ttl: zone::DEFAULT_TTL,
+            max_tcp_connections: DEFAULT_MAX_TCP_CONNECTIONS as usize,
         }
     }
 }
@@ -210,6 +216,6 @@ pub fn start(
         return Ok(None);
     }
     let zone = DnsZone::new(options.ttl);
-    let server = server::serve(&options.listen, zone.clone())?;
+    let server = server::serve(&options.listen, zone.clone(), options.max_tcp_connections)?;
     Ok(Some((zone, server)))
 }

@@ -1,6 +1,6 @@
 //! The DNS server: hickory-server's [`Server`] with a [`RequestHandler`] that answers from the
 //! node's [`DnsZone`]. Each `--dns-listen` address gets a UDP socket, read by one thread per
-//! core ([`DnsServer`]), and a TCP listener.
+//! core ([`DnsServer`]), and a TCP listener with a cap on open connections ([`super::tcp`]).
 //!
 //! Malformed messages get FORMERR from hickory itself (the handler never sees them); the
 //! handler answers opcodes other than QUERY with NOTIMP, more or less than one question with
@@ -10,7 +10,7 @@
 //! Additional records (SRV targets' addresses) that do not fit are left out first, without TC
 //! (RFC 2181 §9), so a client need not ask again over TCP for data it can look up itself.
 
-use std::{net::SocketAddr, time::Duration};
+use std::net::SocketAddr;
 
 use hickory_server::{
     Server,
@@ -26,11 +26,6 @@ use hickory_server::{
 use tracing::{debug, error, info};
 
 use super::DnsZone;
-
-/// How long a TCP connection may stay idle.
-const TCP_TIMEOUT: Duration = Duration::from_secs(10);
-/// Per-connection buffer of TCP responses.
-const TCP_RESPONSE_BUFFER: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DnsServerError {
@@ -227,11 +222,13 @@ struct ThreadSockets {
     tcp: Vec<std::net::TcpListener>,
 }
 
-/// Serves `sockets` on this thread until `stop` is dropped.
+/// Serves `sockets` on this thread until `stop` is dropped, at most `max_tcp` TCP connections
+/// at once.
 fn serve_thread(
     index: usize,
     sockets: ThreadSockets,
     zone: DnsZone,
+    max_tcp: usize,
     mut stop: tokio::sync::watch::Receiver<()>,
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -245,7 +242,8 @@ fn serve_thread(
         }
     };
     runtime.block_on(async move {
-        let mut server = Server::new(ZoneRequestHandler::new(zone));
+        let handler = ZoneRequestHandler::new(zone);
+        let mut server = Server::new(handler.clone());
         for udp in sockets.udp {
             match tokio::net::UdpSocket::from_std(udp) {
                 Ok(udp) => server.register_socket(udp),
@@ -254,7 +252,12 @@ fn serve_thread(
         }
         for tcp in sockets.tcp {
             match tokio::net::TcpListener::from_std(tcp) {
-                Ok(tcp) => server.register_listener(tcp, TCP_TIMEOUT, TCP_RESPONSE_BUFFER),
+                // Ends with this thread's runtime, when `stop` is dropped.
+                Ok(tcp) => drop(tokio::spawn(super::tcp::serve(
+                    tcp,
+                    handler.clone(),
+                    max_tcp,
+                ))),
                 Err(e) => error!(thread = index, error = %e, "DNS: a TCP listener failed"),
             }
         }
@@ -274,9 +277,14 @@ fn serve_thread(
 /// The most serving threads: a few threads answer far more queries than one node's pods ask.
 const MAX_THREADS: usize = 4;
 
-/// Binds every address (UDP and TCP) and serves `zone` on them from threads of its own. A
-/// port of 0 is chosen by the kernel once and shared by UDP and TCP.
-pub fn serve(listen: &[SocketAddr], zone: DnsZone) -> Result<DnsServer, DnsServerError> {
+/// Binds every address (UDP and TCP) and serves `zone` on them from threads of its own, at
+/// most `max_tcp` TCP connections at once. A port of 0 is chosen by the kernel once and shared
+/// by UDP and TCP.
+pub fn serve(
+    listen: &[SocketAddr],
+    zone: DnsZone,
+    max_tcp: usize,
+) -> Result<DnsServer, DnsServerError> {
     // One thread per core, up to MAX_THREADS: every thread waits on the one UDP socket, and
     // each datagram wakes them all (a 64-core node would wake 64 for each query).
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_THREADS));
@@ -315,7 +323,7 @@ pub fn serve(listen: &[SocketAddr], zone: DnsZone) -> Result<DnsServer, DnsServe
         let (zone, stopped) = (zone.clone(), stopped.clone());
         std::thread::Builder::new()
             .name(format!("dns-{index}"))
-            .spawn(move || serve_thread(index, sockets, zone, stopped))
+            .spawn(move || serve_thread(index, sockets, zone, max_tcp, stopped))
             .map_err(DnsServerError::Thread)?;
     }
     Ok(DnsServer {

@@ -1,0 +1,255 @@
+//! DNS over TCP, with a cap on open connections. hickory-server's own TCP listener accepts
+//! without limit, and on a failed accept (EMFILE, when the process is out of descriptors) it
+//! tries again at once, so a client that opens connections and keeps them busy could take
+//! every descriptor and memory of an agent on every node, and then spin it on a core. This
+//! accept loop admits at most `max` connections at once, and an eighth of that from one client
+//! address; it closes the others as they come, and it waits a moment after a failed accept.
+//! What a connection carries is hickory's: its length-prefixed messages, idle timeout and
+//! response buffer, and the same [`ZoneRequestHandler`] as UDP.
+
+use std::{
+    collections::HashMap,
+    net::{IpAddr, SocketAddr},
+    sync::{Arc, Mutex, PoisonError},
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt as _;
+use hickory_server::{
+    net::{
+        runtime::{TokioTime, iocompat::AsyncIoTokioAsStd},
+        tcp::TcpStream,
+        xfer::Protocol,
+    },
+    proto::{
+        op::{Header, MessageType, Metadata, ResponseCode},
+        serialize::binary::{BinDecodable, BinDecoder},
+    },
+    server::{Request, RequestHandler, ResponseHandle, ResponseHandler, TimeoutStream},
+    zone_handler::{MessageResponseBuilder, Queries},
+};
+use tracing::{debug, warn};
+
+use super::server::ZoneRequestHandler;
+
+/// How long a TCP connection may stay idle.
+const TCP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Per-connection buffer of TCP responses.
+const TCP_RESPONSE_BUFFER: usize = 64;
+/// The pause after a failed accept, instead of trying again at once.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// How often a refused connection or failed accept is logged at WARN (DEBUG in between).
+const WARN_EVERY: Duration = Duration::from_secs(600);
+
+/// Default for `--dns-max-tcp-connections`: far more than the CoreDNS instances that forward
+/// truncated answers keep open, and small enough that they cost little memory.
+pub const DEFAULT_MAX_TCP_CONNECTIONS: u32 = 256;
+
+/// The open connections, in all and by client address.
+#[derive(Debug)]
+struct Open {
+    max: usize,
+    per_client_max: usize,
+    total: usize,
+    by_client: HashMap<IpAddr, usize>,
+}
+
+/// One admitted connection; gives its place back when dropped.
+struct Admitted {
+    open: Arc<Mutex<Open>>,
+    client: IpAddr,
+}
+
+impl Open {
+    /// At most `max` connections, and `max / 8` (at least one) from one address.
+    fn new(max: usize) -> Self {
+        Open {
+            max,
+            per_client_max: (max / 8).max(1),
+            total: 0,
+            by_client: HashMap::new(),
+        }
+    }
+}
+
+/// Takes a place for a connection from `client`, or says why there is none.
+fn admit(open: &Arc<Mutex<Open>>, client: IpAddr) -> Result<Admitted, &'static str> {
+    let mut o = open.lock().unwrap_or_else(PoisonError::into_inner);
+    let from_client = o.by_client.get(&client).copied().unwrap_or(0);
+    if o.total >= o.max {
+        return Err("the server's connection limit");
+    }
+    if from_client >= o.per_client_max {
+        return Err("the per-client connection limit");
+    }
+    o.total += 1;
+    *o.by_client.entry(client).or_default() += 1;
+    Ok(Admitted {
+        open: open.clone(),
+        client,
+    })
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut o = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        o.total -= 1;
+        if let Some(n) = o.by_client.get_mut(&self.client) {
+            *n -= 1;
+            if *n == 0 {
+                o.by_client.remove(&self.client);
+            }
+        }
+    }
+}
+
+/// Logs at WARN at most every [`WARN_EVERY`], at DEBUG in between.
+struct Throttled(Option<Instant>);
+
+impl Throttled {
+    fn warn_now(&mut self) -> bool {
+        let now = Instant::now();
+        if self
+            .0
+            .is_some_and(|last| now.duration_since(last) < WARN_EVERY)
+        {
+            return false;
+        }
+        self.0 = Some(now);
+        true
+    }
+}
+
+/// Accepts connections on `listener` and answers their queries with `handler`, at most `max`
+/// at once, until the runtime stops.
+pub(super) async fn serve(
+    listener: tokio::net::TcpListener,
+    handler: ZoneRequestHandler,
+    max: usize,
+) {
+    let open = Arc::new(Mutex::new(Open::new(max)));
+    let (mut refusals, mut failures) = (Throttled(None), Throttled(None));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                if failures.warn_now() {
+                    warn!(%error, "DNS: accepting a TCP connection failed; pausing (further failures within 10 minutes are logged at DEBUG)");
+                } else {
+                    debug!(%error, "DNS: accepting a TCP connection failed again");
+                }
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let admitted = match admit(&open, peer.ip()) {
+            Ok(admitted) => admitted,
+            Err(limit) => {
+                // Closed at once: the client sees the close rather than a hang.
+                drop(stream);
+                if refusals.warn_now() {
+                    warn!(%peer, limit, max, "DNS: a TCP connection over the limit was closed (further ones within 10 minutes are logged at DEBUG)");
+                } else {
+                    debug!(%peer, limit, "DNS: a TCP connection over the limit was closed");
+                }
+                continue;
+            }
+        };
+        tokio::spawn(connection(stream, peer, handler.clone(), admitted));
+    }
+}
+
+/// Answers one connection's queries until it closes, fails or idles past [`TCP_TIMEOUT`].
+async fn connection(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    handler: ZoneRequestHandler,
+    _admitted: Admitted,
+) {
+    let (messages, responses) = TcpStream::from_stream_with_buffer_size(
+        AsyncIoTokioAsStd(stream),
+        peer,
+        TCP_RESPONSE_BUFFER,
+    );
+    let mut messages = TimeoutStream::new(messages, TCP_TIMEOUT);
+    while let Some(message) = messages.next().await {
+        let message = match message {
+            Ok(message) => message,
+            Err(error) => {
+                debug!(%peer, %error, "DNS: a TCP connection ended");
+                return;
+            }
+        };
+        let (bytes, src) = message.into_parts();
+        let response = ResponseHandle::new(src, responses.clone(), Protocol::Tcp);
+        match Request::from_bytes(bytes.clone(), src, Protocol::Tcp) {
+            // Answered one at a time, as hickory does: a client cannot queue up work.
+            Ok(request) if request.metadata.message_type == MessageType::Query => {
+                handler
+                    .handle_request::<_, TokioTime>(&request, response)
+                    .await;
+            }
+            // Responses are never answered (no reflection).
+            Ok(_) => {}
+            Err(error) => form_error(&bytes, peer, error, response).await,
+        }
+    }
+}
+
+/// FORMERR for a message that has a header but does not parse further; nothing for one too
+/// short to have a header.
+async fn form_error(
+    bytes: &[u8],
+    peer: SocketAddr,
+    error: impl std::fmt::Display,
+    mut response: impl ResponseHandler,
+) {
+    let Ok(header) = Header::read(&mut BinDecoder::new(bytes)) else {
+        return;
+    };
+    debug!(%peer, %error, "DNS: a malformed message over TCP");
+    if header.metadata.message_type != MessageType::Query {
+        return;
+    }
+    let mut metadata = Metadata::response_from_request(&header.metadata);
+    metadata.response_code = ResponseCode::FormErr;
+    // No question: it is what did not parse.
+    let Ok(queries) = Queries::read(&mut BinDecoder::new(&[]), 0) else {
+        return;
+    };
+    let builder = MessageResponseBuilder::new(&queries, None);
+    if let Err(error) = response
+        .send_response(builder.build_no_records(metadata))
+        .await
+    {
+        debug!(%peer, %error, "DNS: sending FORMERR failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn places_are_capped_in_all_and_per_client_and_given_back() {
+        let open = Arc::new(Mutex::new(Open::new(16)));
+        let (a, b) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let from_a: Vec<Admitted> = (0..2).map(|_| admit(&open, a).unwrap()).collect();
+        assert_eq!(
+            admit(&open, a).err(),
+            Some("the per-client connection limit")
+        );
+        let others: Vec<Admitted> = (0..14)
+            .map(|i| admit(&open, IpAddr::from([10, 0, 1, i])).unwrap())
+            .collect();
+        assert_eq!(admit(&open, b).err(), Some("the server's connection limit"));
+        drop(from_a);
+        assert!(
+            admit(&open, b).is_ok(),
+            "places come back when connections end"
+        );
+        drop(others);
+        let o = open.lock().unwrap();
+        assert_eq!((o.total, o.by_client.len()), (0, 0));
+    }
+}
