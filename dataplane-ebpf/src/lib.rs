@@ -17,7 +17,7 @@
 //! | `MCS_AFF_MATCH` | hash | [`AffinityMatchKey`] → 1 | agent |
 //! | `MCS_CONN_REVNAT` | array | socket cookie mod size → [`ConnRevNat`] | programs (connect claims; `sock_release` frees) |
 //! | `MCS_SK_REVNAT` | socket storage | socket → [`SockRevNat`] | programs (connect, when the socket's `MCS_CONN_REVNAT` entry is taken) |
-//! | `MCS_REVNAT4/6` | LRU hash | [`RevNatKey4`] / [`RevNatKey6`] → VIP | programs (sendmsg) |
+//! | `MCS_REVNAT4/6` | LRU hash | [`RevNatKey4`] / [`RevNatKey6`] → VIP, with the key's [`rev_tag`] (0 in entries of programs before it, which readers accept; no new pin version) | programs (sendmsg) |
 //! | `MCS_FE_NAMES` | hash | frontend id → [`FrontendName`] | agent (for `inspect`) |
 //! | `MCS_CLUSTERS` | hash | cluster id → [`ClusterName`] | agent (for `inspect`) |
 //!
@@ -314,7 +314,26 @@ pub struct RevNatKey4 {
 pub struct RevNatValue4 {
     pub vip: u32,
     pub vip_port: u16,
-    pub _pad: u16,
+    /// [`rev_tag`] of the key.
+    pub tag: u16,
+}
+
+/// The tag of a reverse entry's key, kept in its value. The kernel gives an LRU element it
+/// evicts to the next insert at once, so a program holding a pointer to an element may find it
+/// another key's by the time it reads or rewrites it: a reader uses a value only with its own
+/// key's tag (or 0: an entry of older programs, written before tags), and a rewrite is a
+/// compare-and-swap that fails once the element holds another key's value. Never 0.
+#[inline(always)]
+pub fn rev_tag(cookie: u64, backend: &[u32], backend_port: u16) -> u16 {
+    let mut h = (cookie as u32) ^ ((cookie >> 32) as u32).rotate_left(16) ^ backend_port as u32;
+    for word in backend {
+        h = h.rotate_left(5) ^ *word;
+    }
+    let h = h.wrapping_mul(0x9e37_79b1);
+    match (h >> 16) as u16 {
+        0 => 1,
+        tag => tag,
+    }
 }
 
 #[repr(C)]
@@ -331,7 +350,8 @@ pub struct RevNatKey6 {
 pub struct RevNatValue6 {
     pub vip: [u32; 4],
     pub vip_port: u16,
-    pub _pad: u16,
+    /// [`rev_tag`] of the key.
+    pub tag: u16,
 }
 
 /// The reverse translation of a connected socket (TCP, or UDP after `connect`), kept in its

@@ -23,7 +23,7 @@
 
 use core::{
     intrinsics::{AtomicOrdering, atomic_cxchg},
-    ptr::{addr_of_mut, read_volatile, write_volatile},
+    ptr::{addr_of_mut, read_volatile},
 };
 
 use aya_ebpf::{
@@ -43,7 +43,7 @@ use dataplane_ebpf::{
     Counters, ECONNREFUSED, ENOMEM, FRONTEND_F_AFFINITY, FRONTEND_F_INLINE, FRONTEND_F_WILDCARD,
     Frontend, FrontendKey4, FrontendKey6, FrontendName, IPPROTO_TCP, IPPROTO_UDP, RevNatKey4,
     RevNatKey6, RevNatValue4, RevNatValue6, Slot, SockRevNat, affinity_fresh, cookie_hash,
-    defaults, frontend_tag, ip6_mapped_v4, ip6_v4_mapped, pick_slot,
+    defaults, frontend_tag, ip6_mapped_v4, ip6_v4_mapped, pick_slot, rev_tag,
 };
 
 /// Programs the benchmark attaches next to these (never the agent).
@@ -190,19 +190,30 @@ impl Family for V4 {
         let value = RevNatValue4 {
             vip,
             vip_port,
-            _pad: 0,
+            tag: rev_tag(cookie, &[backend], backend_port),
         };
         if let Some(entry) = REVNAT4.get_ptr_mut(&key) {
             let word = rev4_word(value);
             // SAFETY: a pointer to the entry's 8-byte, 8-byte aligned value, valid for the
-            // program's run.
+            // program's run (the element may be another key's by now: see `rev_tag`).
             unsafe {
                 let entry = entry as *mut u64;
-                if read_volatile(entry) != word {
-                    write_volatile(entry, word);
+                let old = read_volatile(entry);
+                if old == word {
+                    return Ok(());
+                }
+                let old_tag = rev4_value(old).tag;
+                // Swapped only while the element still holds what was read, so an element
+                // evicted and given to another key meanwhile keeps that key's value.
+                if (old_tag == value.tag || old_tag == 0)
+                    && atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
+                        entry, old, word,
+                    )
+                    .1
+                {
+                    return Ok(());
                 }
             }
-            return Ok(());
         }
         REVNAT4.insert(&key, &value, 0).map_err(|e| e as i32)
     }
@@ -218,7 +229,8 @@ impl Family for V4 {
         // SAFETY: as in `rev_record`: one load of the whole value.
         let word = unsafe { read_volatile(REVNAT4.get_ptr(&key)? as *const u64) };
         let value = rev4_value(word);
-        Some((value.vip, value.vip_port))
+        let ours = value.tag == 0 || value.tag == rev_tag(cookie, &[backend], backend_port);
+        ours.then_some((value.vip, value.vip_port))
     }
 }
 
@@ -270,7 +282,7 @@ impl Family for V6 {
         let value = RevNatValue6 {
             vip,
             vip_port,
-            _pad: 0,
+            tag: rev_tag(cookie, &backend, backend_port),
         };
         REVNAT6.insert(&key, &value, 0).map_err(|e| e as i32)
     }
@@ -283,7 +295,11 @@ impl Family for V6 {
             backend_port,
             _pad: [0; 3],
         };
-        unsafe { REVNAT6.get(&key) }.map(|v| (v.vip, v.vip_port))
+        // Copied, then its tag checked: a copy of an element given to another key meanwhile
+        // (see `rev_tag`) is not used.
+        let value = *unsafe { REVNAT6.get(&key) }?;
+        let ours = value.tag == 0 || value.tag == rev_tag(cookie, &backend, backend_port);
+        ours.then_some((value.vip, value.vip_port))
     }
 }
 

@@ -11,7 +11,7 @@ use std::{
 };
 
 use aya::maps::{Array, Map, MapData};
-use dataplane_ebpf::{ConnRevNat, map_names};
+use dataplane_ebpf::{ConnRevNat, RevNatKey4, RevNatValue4, map_names, rev_tag};
 use tests::{
     agent::{Agent, frontend, inspect, one_service_yaml},
     netns::Topology,
@@ -522,7 +522,8 @@ fn v4_mapped_destinations_of_dual_stack_sockets_are_load_balanced() {
 
 /// Unconnected UDP picks the backend by socket: every datagram of one socket reaches the same
 /// backend (a handshake that spans datagrams stays whole), over IPv4 and IPv4-mapped IPv6;
-/// sockets spread over all the backends.
+/// sockets spread over all the backends. Each (socket, backend) reverse entry carries its
+/// key's tag, which `recvmsg4` checks before it uses the entry.
 #[test]
 fn unconnected_udp_sticks_to_one_backend_per_socket() {
     require_root!();
@@ -541,6 +542,21 @@ fn unconnected_udp_sticks_to_one_backend_per_socket() {
         .unwrap();
     assert!(all_ok(&many));
     assert_eq!(by_backend(&many).len(), 4, "{:?}", by_backend(&many));
+
+    let pin = topo.pin_dir.join("maps").join(map_names::REVNAT4);
+    let data = MapData::from_pin(&pin).expect("MCS_REVNAT4 pin");
+    let reverse: aya::maps::HashMap<MapData, RevNatKey4, RevNatValue4> =
+        aya::maps::HashMap::try_from(Map::LruHashMap(data)).expect("an LRU hash");
+    let entries: Vec<(RevNatKey4, RevNatValue4)> = reverse.iter().map(|e| e.unwrap()).collect();
+    // The one-socket runs and the 200 sockets of the last run (the LRU keeps closed ones).
+    assert!(entries.len() >= 200, "{} reverse entries", entries.len());
+    for (key, value) in &entries {
+        assert_eq!(
+            value.tag,
+            rev_tag(key.cookie, &[key.backend_addr], key.backend_port),
+            "{key:?} -> {value:?}"
+        );
+    }
 }
 
 /// 6: with ClientIP affinity, 50 connects from one namespace hit one backend; without it
