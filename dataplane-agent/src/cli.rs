@@ -124,8 +124,9 @@ pub struct DnsArgs {
     /// TTL of the DNS answers, in seconds.
     #[arg(long = "dns-ttl", value_name = "SECONDS", default_value_t = crate::dns::zone::DEFAULT_TTL)]
     pub ttl: u32,
-    /// The most DNS-over-TCP connections open at once; an eighth of them may come from one
-    /// client address. Connections over the limit are closed as they come.
+    /// The most DNS-over-TCP connections open at once, over every listen address; an eighth of
+    /// them (at least one) may come from one client address. Connections over the limit are
+    /// closed as they come.
     #[arg(long = "dns-max-tcp-connections", value_name = "N",
           default_value_t = crate::dns::DEFAULT_MAX_TCP_CONNECTIONS,
           value_parser = clap::value_parser!(u32).range(1..))]

@@ -182,8 +182,13 @@ async fn start() -> (Feed, DnsServer, SocketAddr) {
 
 /// [`start`], with at most `max_tcp_connections` TCP connections at once.
 async fn start_with(max_tcp_connections: usize) -> (Feed, DnsServer, SocketAddr) {
+    start_on(&["127.0.0.1:0"], max_tcp_connections).await
+}
+
+/// [`start_with`] on the `listen` addresses (the first is returned).
+async fn start_on(listen: &[&str], max_tcp_connections: usize) -> (Feed, DnsServer, SocketAddr) {
     let options = DnsOptions {
-        listen: vec!["127.0.0.1:0".parse().unwrap()],
+        listen: listen.iter().map(|a| a.parse().unwrap()).collect(),
         ttl: 5,
         max_tcp_connections,
     };
@@ -1135,9 +1140,21 @@ async fn tcp_from(source: &str, server: SocketAddr) -> tokio::net::TcpStream {
     socket.connect(server).await.unwrap()
 }
 
-/// Sends `message` over `stream` (length-prefixed) and returns the reply, or `None` when the
-/// server closed the connection or did not answer within a second.
-async fn exchange(stream: &mut tokio::net::TcpStream, message: &[u8]) -> Option<Message> {
+/// What became of a message sent over TCP.
+#[derive(Debug, PartialEq)]
+enum Over<T> {
+    Answered(T),
+    /// The server closed the connection (or reset it).
+    Closed,
+    /// No reply within [`SILENCE`], the connection still open.
+    Silent,
+}
+
+/// How long a reply may take before the server counts as silent.
+const SILENCE: Duration = Duration::from_secs(2);
+
+/// Sends `message` over `stream` (length-prefixed) and says what came back.
+async fn exchange(stream: &mut tokio::net::TcpStream, message: &[u8]) -> Over<Message> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let mut framed = (message.len() as u16).to_be_bytes().to_vec();
     framed.extend(message);
@@ -1150,18 +1167,23 @@ async fn exchange(stream: &mut tokio::net::TcpStream, message: &[u8]) -> Option<
         stream.read_exact(&mut reply).await.ok()?;
         Some(reply)
     };
-    let reply = tokio::time::timeout(Duration::from_secs(1), read)
-        .await
-        .ok()??;
-    Some(Message::from_vec(&reply).expect("the reply parses"))
+    match tokio::time::timeout(SILENCE, read).await {
+        Ok(Some(reply)) => Over::Answered(Message::from_vec(&reply).expect("the reply parses")),
+        Ok(None) => Over::Closed,
+        Err(_) => Over::Silent,
+    }
 }
 
-/// Asks `web`'s A record over `stream` and returns the answer's addresses, or `None` when the
-/// server closed the connection (or did not answer within a second).
-async fn ask_over(stream: &mut tokio::net::TcpStream) -> Option<Vec<String>> {
+/// Asks `web`'s A record over `stream`: the answer's addresses, or what happened instead.
+async fn ask_over(stream: &mut tokio::net::TcpStream) -> Over<Vec<String>> {
     let query = packet(0x0100, &[(&wire(WEB), 1, 1)], None);
-    let reply = exchange(stream, &query).await?;
-    Some(reply.answers.iter().map(|r| r.data.to_string()).collect())
+    match exchange(stream, &query).await {
+        Over::Answered(reply) => {
+            Over::Answered(reply.answers.iter().map(|r| r.data.to_string()).collect())
+        }
+        Over::Closed => Over::Closed,
+        Over::Silent => Over::Silent,
+    }
 }
 
 /// Over TCP too: a message that does not parse gets FORMERR with its id, a response gets no
@@ -1170,10 +1192,12 @@ async fn ask_over(stream: &mut tokio::net::TcpStream) -> Option<Vec<String>> {
 async fn bad_messages_over_tcp_get_formerr_and_the_connection_goes_on() {
     let (mut feed, _server, addr) = start().await;
     feed.apply(inputs(INPUTS).change(&Interner::new()));
-    let web = Some(strings(&["241.0.0.10"]));
+    let web = Over::Answered(strings(&["241.0.0.10"]));
     let mut stream = tcp_from("127.0.0.1", addr).await;
     let cut_short = packet(0x0100, &[(&wire(WEB), 1, 1)], None)[..20].to_vec();
-    let reply = exchange(&mut stream, &cut_short).await.expect("a reply");
+    let Over::Answered(reply) = exchange(&mut stream, &cut_short).await else {
+        panic!("no reply to a malformed query");
+    };
     assert_eq!(
         (reply.metadata.id, reply.metadata.response_code),
         (0x1234, ResponseCode::FormErr)
@@ -1181,8 +1205,8 @@ async fn bad_messages_over_tcp_get_formerr_and_the_connection_goes_on() {
     assert_eq!(ask_over(&mut stream).await, web);
     let response = packet(0x8100, &[(&wire(WEB), 1, 1)], None);
     assert!(
-        exchange(&mut stream, &response).await.is_none(),
-        "a response is not answered"
+        exchange(&mut stream, &response).await == Over::Silent,
+        "a response is not answered, and the connection stays open"
     );
     assert_eq!(ask_over(&mut stream).await, web);
 }
@@ -1195,14 +1219,14 @@ async fn tcp_connections_over_the_limits_are_closed_and_their_places_come_back()
     // 8 connections in all, 1 per client address.
     let (mut feed, _server, addr) = start_with(8).await;
     feed.apply(inputs(INPUTS).change(&Interner::new()));
-    let web = Some(strings(&["241.0.0.10"]));
+    let web = Over::Answered(strings(&["241.0.0.10"]));
 
     let mut first = tcp_from("127.0.0.1", addr).await;
     assert_eq!(ask_over(&mut first).await, web);
     let mut second = tcp_from("127.0.0.1", addr).await;
     assert_eq!(
         ask_over(&mut second).await,
-        None,
+        Over::Closed,
         "a second connection from one client"
     );
 
@@ -1215,7 +1239,7 @@ async fn tcp_connections_over_the_limits_are_closed_and_their_places_come_back()
     let mut ninth = tcp_from("127.0.0.9", addr).await;
     assert_eq!(
         ask_over(&mut ninth).await,
-        None,
+        Over::Closed,
         "a ninth connection in all"
     );
     // The admitted ones still answer.
@@ -1235,5 +1259,31 @@ async fn tcp_connections_over_the_limits_are_closed_and_their_places_come_back()
             "the closed connection's place never came back"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The cap holds for the server, not per listen address: with two addresses, the connections
+/// to both count together.
+#[tokio::test]
+async fn the_tcp_cap_counts_every_listen_address_together() {
+    // 8 connections in all, 1 per client address.
+    let (mut feed, server, _) = start_on(&["127.0.0.1:0", "127.0.0.2:0"], 8).await;
+    feed.apply(inputs(INPUTS).change(&Interner::new()));
+    let web = Over::Answered(strings(&["241.0.0.10"]));
+    let (one, two) = (server.addresses[0], server.addresses[1]);
+    let mut open = Vec::new();
+    for i in 1..=8 {
+        let to = if i % 2 == 0 { one } else { two };
+        let mut stream = tcp_from(&format!("127.0.1.{i}"), to).await;
+        assert_eq!(
+            ask_over(&mut stream).await,
+            web,
+            "client 127.0.1.{i} to {to}"
+        );
+        open.push(stream);
+    }
+    for to in [one, two] {
+        let mut over = tcp_from("127.0.1.9", to).await;
+        assert_eq!(ask_over(&mut over).await, Over::Closed, "a ninth, to {to}");
     }
 }

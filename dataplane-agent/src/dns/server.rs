@@ -244,25 +244,32 @@ fn serve_thread(
     runtime.block_on(async move {
         let handler = ZoneRequestHandler::new(zone);
         let mut server = Server::new(handler.clone());
+        let mut udp_sockets = 0;
         for udp in sockets.udp {
             match tokio::net::UdpSocket::from_std(udp) {
-                Ok(udp) => server.register_socket(udp),
+                Ok(udp) => {
+                    server.register_socket(udp);
+                    udp_sockets += 1;
+                }
                 Err(e) => error!(thread = index, error = %e, "DNS: a UDP socket failed"),
             }
         }
+        // One cap over every listen address.
+        let limits = super::tcp::Limits::new(max_tcp);
         for tcp in sockets.tcp {
             match tokio::net::TcpListener::from_std(tcp) {
                 // Ends with this thread's runtime, when `stop` is dropped.
                 Ok(tcp) => drop(tokio::spawn(super::tcp::serve(
                     tcp,
                     handler.clone(),
-                    max_tcp,
+                    limits.clone(),
                 ))),
                 Err(e) => error!(thread = index, error = %e, "DNS: a TCP listener failed"),
             }
         }
         tokio::select! {
-            done = server.block_until_done() => {
+            // Without a UDP socket, hickory's server has nothing to wait for; TCP goes on.
+            done = server.block_until_done(), if udp_sockets > 0 => {
                 if let Err(e) = done {
                     error!(thread = index, error = %e, "DNS: serving stopped");
                 }

@@ -2,10 +2,11 @@
 //! without limit, and on a failed accept (EMFILE, when the process is out of descriptors) it
 //! tries again at once, so a client that opens connections and keeps them busy could take
 //! every descriptor and memory of an agent on every node, and then spin it on a core. This
-//! accept loop admits at most `max` connections at once, and an eighth of that from one client
-//! address; it closes the others as they come, and it waits a moment after a failed accept.
-//! What a connection carries is hickory's: its length-prefixed messages, idle timeout and
-//! response buffer, and the same [`ZoneRequestHandler`] as UDP.
+//! accept loop admits at most `max` connections at once over all the listen addresses, and an
+//! eighth of that (at least one) from one client address; it closes the others as they come,
+//! and it waits a moment when the process is out of descriptors or memory. What a connection
+//! carries is hickory's: its length-prefixed messages, idle timeout and response buffer, and
+//! the same [`ZoneRequestHandler`] as UDP.
 
 use std::{
     collections::HashMap,
@@ -36,7 +37,8 @@ use super::server::ZoneRequestHandler;
 const TCP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Per-connection buffer of TCP responses.
 const TCP_RESPONSE_BUFFER: usize = 64;
-/// The pause after a failed accept, instead of trying again at once.
+/// The pause after an accept that failed for want of descriptors or memory, instead of trying
+/// again at once.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// How often a refused connection or failed accept is logged at WARN (DEBUG in between).
 const WARN_EVERY: Duration = Duration::from_secs(600);
@@ -44,6 +46,17 @@ const WARN_EVERY: Duration = Duration::from_secs(600);
 /// Default for `--dns-max-tcp-connections`: far more than the CoreDNS instances that forward
 /// truncated answers keep open, and small enough that they cost little memory.
 pub const DEFAULT_MAX_TCP_CONNECTIONS: u32 = 256;
+
+/// The open connections of every listener of the server, in all and by client address.
+#[derive(Clone, Debug)]
+pub(super) struct Limits(Arc<Mutex<Open>>);
+
+impl Limits {
+    /// At most `max` connections, and `max / 8` (at least one) from one address.
+    pub(super) fn new(max: usize) -> Self {
+        Limits(Arc::new(Mutex::new(Open::new(max))))
+    }
+}
 
 /// The open connections, in all and by client address.
 #[derive(Debug)]
@@ -61,7 +74,6 @@ struct Admitted {
 }
 
 impl Open {
-    /// At most `max` connections, and `max / 8` (at least one) from one address.
     fn new(max: usize) -> Self {
         Open {
             max,
@@ -120,25 +132,33 @@ impl Throttled {
     }
 }
 
-/// Accepts connections on `listener` and answers their queries with `handler`, at most `max`
-/// at once, until the runtime stops.
+/// Accepts connections on `listener` and answers their queries with `handler`, within
+/// `limits` (shared by the server's listeners), until the runtime stops.
 pub(super) async fn serve(
     listener: tokio::net::TcpListener,
     handler: ZoneRequestHandler,
-    max: usize,
+    limits: Limits,
 ) {
-    let open = Arc::new(Mutex::new(Open::new(max)));
+    let open = limits.0;
     let (mut refusals, mut failures) = (Throttled(None), Throttled(None));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(error) => {
-                if failures.warn_now() {
+                // Out of descriptors or memory: trying again at once would spin. Any other
+                // failure is one connection's (reset before it was accepted, say).
+                let starved = matches!(
+                    error.raw_os_error(),
+                    Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                );
+                if starved && failures.warn_now() {
                     warn!(%error, "DNS: accepting a TCP connection failed; pausing (further failures within 10 minutes are logged at DEBUG)");
                 } else {
-                    debug!(%error, "DNS: accepting a TCP connection failed again");
+                    debug!(%error, "DNS: accepting a TCP connection failed");
                 }
-                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                if starved {
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
                 continue;
             }
         };
@@ -148,7 +168,7 @@ pub(super) async fn serve(
                 // Closed at once: the client sees the close rather than a hang.
                 drop(stream);
                 if refusals.warn_now() {
-                    warn!(%peer, limit, max, "DNS: a TCP connection over the limit was closed (further ones within 10 minutes are logged at DEBUG)");
+                    warn!(%peer, limit, "DNS: a TCP connection over the limit was closed (further ones within 10 minutes are logged at DEBUG)");
                 } else {
                     debug!(%peer, limit, "DNS: a TCP connection over the limit was closed");
                 }
@@ -181,8 +201,10 @@ async fn connection(
             }
         };
         let (bytes, src) = message.into_parts();
+        // Read first, for the FORMERR of a message that does not parse further.
+        let header = Header::read(&mut BinDecoder::new(&bytes)).ok();
         let response = ResponseHandle::new(src, responses.clone(), Protocol::Tcp);
-        match Request::from_bytes(bytes.clone(), src, Protocol::Tcp) {
+        match Request::from_bytes(bytes, src, Protocol::Tcp) {
             // Answered one at a time, as hickory does: a client cannot queue up work.
             Ok(request) if request.metadata.message_type == MessageType::Query => {
                 handler
@@ -191,23 +213,23 @@ async fn connection(
             }
             // Responses are never answered (no reflection).
             Ok(_) => {}
-            Err(error) => form_error(&bytes, peer, error, response).await,
+            Err(error) => form_error(header, peer, error, response).await,
         }
     }
 }
 
-/// FORMERR for a message that has a header but does not parse further; nothing for one too
-/// short to have a header.
+/// FORMERR for a query whose header parsed but not the rest; nothing for a message too short
+/// to have a header, or one that says it is a response (no reflection).
 async fn form_error(
-    bytes: &[u8],
+    header: Option<Header>,
     peer: SocketAddr,
     error: impl std::fmt::Display,
     mut response: impl ResponseHandler,
 ) {
-    let Ok(header) = Header::read(&mut BinDecoder::new(bytes)) else {
+    debug!(%peer, %error, "DNS: a malformed message over TCP");
+    let Some(header) = header else {
         return;
     };
-    debug!(%peer, %error, "DNS: a malformed message over TCP");
     if header.metadata.message_type != MessageType::Query {
         return;
     }
@@ -232,7 +254,7 @@ mod tests {
 
     #[test]
     fn places_are_capped_in_all_and_per_client_and_given_back() {
-        let open = Arc::new(Mutex::new(Open::new(16)));
+        let open = Limits::new(16).0;
         let (a, b) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         let from_a: Vec<Admitted> = (0..2).map(|_| admit(&open, a).unwrap()).collect();
         assert_eq!(
