@@ -318,17 +318,24 @@ pub struct RevNatValue4 {
     pub tag: u16,
 }
 
-/// The tag of a reverse entry's key, kept in its value. The kernel gives an LRU element it
-/// evicts to the next insert at once, so a program holding a pointer to an element may find it
-/// another key's by the time it reads or rewrites it: a reader uses a value only with its own
-/// key's tag (or 0: an entry of older programs, written before tags), and a rewrite is a
+/// A check of a reverse entry, kept in its value: a hash of its key and of the VIP it holds.
+/// The kernel gives an LRU element it evicts (or replaces) to the next insert at once, so a
+/// program holding a pointer to an element may find it another key's by the time it reads or
+/// rewrites it, or copy it while it is rewritten. A reader uses a value only when its tag is
+/// that of its own key and the VIP it read (or 0: an entry of older programs, written before
+/// tags), so such a copy is refused but for one chance in 65,535; an IPv4 rewrite is a
 /// compare-and-swap that fails once the element holds another key's value. Never 0.
 #[inline(always)]
-pub fn rev_tag(cookie: u64, backend: &[u32], backend_port: u16) -> u16 {
+pub fn rev_tag(cookie: u64, backend: &[u32], backend_port: u16, vip: &[u32], vip_port: u16) -> u16 {
     let mut h = (cookie as u32) ^ ((cookie >> 32) as u32).rotate_left(16) ^ backend_port as u32;
+    // Two loops, not a chained iterator: each unrolls into straight code for the verifier.
     for word in backend {
         h = h.rotate_left(5) ^ *word;
     }
+    for word in vip {
+        h = h.rotate_left(5) ^ *word;
+    }
+    h = h.rotate_left(5) ^ vip_port as u32;
     let h = h.wrapping_mul(0x9e37_79b1);
     match (h >> 16) as u16 {
         0 => 1,
@@ -534,6 +541,8 @@ mod tests {
         assert_eq!(size_of::<AffinityMatchKey>(), 24);
         assert_eq!(size_of::<RevNatKey4>(), 16);
         assert_eq!(size_of::<RevNatValue4>(), 8);
+        // The programs read the tag as bits 48-63 of the value's one 8-byte word.
+        assert_eq!(core::mem::offset_of!(RevNatValue4, tag), 6);
         assert_eq!(size_of::<RevNatKey6>(), 32);
         assert_eq!(size_of::<RevNatValue6>(), 20);
         assert_eq!(size_of::<Counters>(), 32);

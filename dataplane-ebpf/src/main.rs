@@ -168,11 +168,12 @@ impl Family for V4 {
         copy_checked(&FRONTENDS4, &key)
     }
 
-    /// An existing entry is rewritten in place with one aligned 8-byte store (the value is 8
-    /// bytes, and hash map values are 8-byte aligned), which `rev_lookup` reads with one load:
-    /// a reader sees the old VIP or the new one, never a mix. A socket that sends to several
-    /// VIPs served by one backend rewrites its entry on every change of VIP; an insert there
-    /// would take a new LRU node and free the old one each time.
+    /// An existing entry is rewritten in place by one compare-and-swap of its aligned 8-byte
+    /// value (hash map values are 8-byte aligned), which `rev_lookup` reads with one load: a
+    /// reader sees the old VIP or the new one, never a mix, and the swap fails (then the entry
+    /// is inserted) once the element is another key's (see `rev_tag`). A socket that sends to
+    /// several VIPs served by one backend rewrites its entry on every change of VIP; an insert
+    /// there would take a new LRU node and free the old one each time.
     #[inline(always)]
     fn rev_record(
         cookie: u64,
@@ -190,7 +191,7 @@ impl Family for V4 {
         let value = RevNatValue4 {
             vip,
             vip_port,
-            tag: rev_tag(cookie, &[backend], backend_port),
+            tag: rev_tag(cookie, &[backend], backend_port, &[vip], vip_port),
         };
         if let Some(entry) = REVNAT4.get_ptr_mut(&key) {
             let word = rev4_word(value);
@@ -202,10 +203,13 @@ impl Family for V4 {
                 if old == word {
                     return Ok(());
                 }
-                let old_tag = rev4_value(old).tag;
+                let was = rev4_value(old);
+                let ours = was.tag == 0
+                    || was.tag
+                        == rev_tag(cookie, &[backend], backend_port, &[was.vip], was.vip_port);
                 // Swapped only while the element still holds what was read, so an element
                 // evicted and given to another key meanwhile keeps that key's value.
-                if (old_tag == value.tag || old_tag == 0)
+                if ours
                     && atomic_cxchg::<u64, { AtomicOrdering::SeqCst }, { AtomicOrdering::SeqCst }>(
                         entry, old, word,
                     )
@@ -229,7 +233,15 @@ impl Family for V4 {
         // SAFETY: as in `rev_record`: one load of the whole value.
         let word = unsafe { read_volatile(REVNAT4.get_ptr(&key)? as *const u64) };
         let value = rev4_value(word);
-        let ours = value.tag == 0 || value.tag == rev_tag(cookie, &[backend], backend_port);
+        let ours = value.tag == 0
+            || value.tag
+                == rev_tag(
+                    cookie,
+                    &[backend],
+                    backend_port,
+                    &[value.vip],
+                    value.vip_port,
+                );
         ours.then_some((value.vip, value.vip_port))
     }
 }
@@ -261,7 +273,9 @@ impl Family for V6 {
     }
 
     /// A 20-byte value cannot be stored in one instruction: a changed entry is replaced whole
-    /// (the map swaps in a new element), so a concurrent reader never sees half of each VIP.
+    /// (the map swaps in a new element). A reader may still copy an element while the kernel
+    /// gives it to another insert; the tag, a hash of the key and the VIP, refuses such a copy
+    /// (see `rev_tag`).
     #[inline(always)]
     fn rev_record(
         cookie: u64,
@@ -282,7 +296,7 @@ impl Family for V6 {
         let value = RevNatValue6 {
             vip,
             vip_port,
-            tag: rev_tag(cookie, &backend, backend_port),
+            tag: rev_tag(cookie, &backend, backend_port, &vip, vip_port),
         };
         REVNAT6.insert(&key, &value, 0).map_err(|e| e as i32)
     }
@@ -295,10 +309,11 @@ impl Family for V6 {
             backend_port,
             _pad: [0; 3],
         };
-        // Copied, then its tag checked: a copy of an element given to another key meanwhile
-        // (see `rev_tag`) is not used.
+        // Copied, then its tag checked: a copy of an element given to another key meanwhile,
+        // or torn by that, is not used (see `rev_tag`).
         let value = *unsafe { REVNAT6.get(&key) }?;
-        let ours = value.tag == 0 || value.tag == rev_tag(cookie, &backend, backend_port);
+        let ours = value.tag == 0
+            || value.tag == rev_tag(cookie, &backend, backend_port, &value.vip, value.vip_port);
         ours.then_some((value.vip, value.vip_port))
     }
 }

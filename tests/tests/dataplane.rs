@@ -11,7 +11,9 @@ use std::{
 };
 
 use aya::maps::{Array, Map, MapData};
-use dataplane_ebpf::{ConnRevNat, RevNatKey4, RevNatValue4, map_names, rev_tag};
+use dataplane_ebpf::{
+    ConnRevNat, RevNatKey4, RevNatKey6, RevNatValue4, RevNatValue6, map_names, rev_tag,
+};
 use tests::{
     agent::{Agent, frontend, inspect, one_service_yaml},
     netns::Topology,
@@ -64,6 +66,33 @@ fn clusters(attempts: &[Attempt]) -> BTreeSet<String> {
 
 fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| s.to_string()).collect()
+}
+
+/// `count` unconnected UDP exchanges with `vip`: all answered by backends of `clusters`, every
+/// reply from the VIP (`recvfrom` reports it).
+fn udp_from_vip(topo: &Topology, vip: &str, count: usize, clusters_: &[&str]) -> Vec<Attempt> {
+    let attempts = topo
+        .probe("udp", vip, &["--count", &count.to_string()])
+        .unwrap();
+    assert!(all_ok(&attempts), "{attempts:?}");
+    assert_eq!(clusters(&attempts), set(clusters_));
+    assert!(
+        attempts.iter().all(|a| a.from.as_deref() == Some(vip)),
+        "recvfrom must report the VIP {vip}: {:?}",
+        attempts
+            .iter()
+            .map(|a| a.from.clone())
+            .collect::<BTreeSet<_>>()
+    );
+    attempts
+}
+
+/// Every entry of the pinned LRU hash `name`.
+fn lru_entries<K: aya::Pod, V: aya::Pod>(pin_dir: &Path, name: &str) -> Vec<(K, V)> {
+    let data = MapData::from_pin(pin_dir.join("maps").join(name)).expect("the map's pin");
+    let map: aya::maps::HashMap<MapData, K, V> =
+        aya::maps::HashMap::try_from(Map::LruHashMap(data)).expect("an LRU hash");
+    map.iter().map(|e| e.unwrap()).collect()
 }
 
 fn all_ok(attempts: &[Attempt]) -> bool {
@@ -132,15 +161,17 @@ fn ports_reach_only_clusters_that_declare_them() {
 }
 
 /// 2: the IPv6 VIP reaches only IPv6 endpoints of clusters that declare IPv6, the IPv4 VIP
-/// only IPv4 endpoints of clusters that declare IPv4.
+/// only IPv4 endpoints of clusters that declare IPv4, over TCP and unconnected UDP (whose
+/// replies come from the VIP: the IPv6 reverse entries, each with its tag).
 #[test]
 fn each_family_reaches_only_clusters_of_that_family() {
     require_root!();
     let mut topo = Topology::new(&["a", "b", "c"]).unwrap();
     for c in ["a", "b", "c"] {
-        topo.start_backend(c, 10, &["tcp:8080"]).unwrap();
+        topo.start_backend(c, 10, &["tcp:8080", "udp:5353"])
+            .unwrap();
     }
-    let _agent = node_on(&topo, "dualstack", 4);
+    let _agent = node_on(&topo, "dualstack", 6);
 
     let v4 = topo
         .probe("tcp", "241.0.0.30:80", &["--count", "100"])
@@ -166,6 +197,20 @@ fn each_family_reaches_only_clusters_of_that_family() {
         v6.iter()
             .all(|a| a.peer.as_deref() == Some("[fd00:241::30]:80"))
     );
+
+    udp_from_vip(&topo, "[fd00:241::30]:53", 40, &["a", "c"]);
+    let entries: Vec<(RevNatKey6, RevNatValue6)> = lru_entries(&topo.pin_dir, map_names::REVNAT6);
+    assert!(!entries.is_empty());
+    for (key, value) in &entries {
+        let tag = rev_tag(
+            key.cookie,
+            &key.backend_addr,
+            key.backend_port,
+            &value.vip,
+            value.vip_port,
+        );
+        assert_eq!(value.tag, tag, "{key:?} -> {value:?}");
+    }
 }
 
 /// 3: an undeclared port on a known VIP, and a frontend whose backends are all gone, are
@@ -321,21 +366,7 @@ fn udp_replies_come_from_the_vip() {
     require_root!();
     let (topo, _agent) = ports_topology();
 
-    let unconnected = topo
-        .probe("udp", "241.0.0.10:53", &["--count", "100"])
-        .unwrap();
-    assert!(all_ok(&unconnected), "{unconnected:?}");
-    assert_eq!(clusters(&unconnected), set(&["a", "b"]));
-    assert!(
-        unconnected
-            .iter()
-            .all(|a| a.from.as_deref() == Some("241.0.0.10:53")),
-        "recvfrom must report the VIP: {:?}",
-        unconnected
-            .iter()
-            .map(|a| a.from.clone())
-            .collect::<BTreeSet<_>>()
-    );
+    udp_from_vip(&topo, "241.0.0.10:53", 100, &["a", "b"]);
     let connected = topo
         .probe("udp-connected", "241.0.0.10:53", &["--count", "100"])
         .unwrap();
@@ -543,17 +574,19 @@ fn unconnected_udp_sticks_to_one_backend_per_socket() {
     assert!(all_ok(&many));
     assert_eq!(by_backend(&many).len(), 4, "{:?}", by_backend(&many));
 
-    let pin = topo.pin_dir.join("maps").join(map_names::REVNAT4);
-    let data = MapData::from_pin(&pin).expect("MCS_REVNAT4 pin");
-    let reverse: aya::maps::HashMap<MapData, RevNatKey4, RevNatValue4> =
-        aya::maps::HashMap::try_from(Map::LruHashMap(data)).expect("an LRU hash");
-    let entries: Vec<(RevNatKey4, RevNatValue4)> = reverse.iter().map(|e| e.unwrap()).collect();
+    let entries: Vec<(RevNatKey4, RevNatValue4)> = lru_entries(&topo.pin_dir, map_names::REVNAT4);
     // The one-socket runs and the 200 sockets of the last run (the LRU keeps closed ones).
     assert!(entries.len() >= 200, "{} reverse entries", entries.len());
     for (key, value) in &entries {
         assert_eq!(
             value.tag,
-            rev_tag(key.cookie, &[key.backend_addr], key.backend_port),
+            rev_tag(
+                key.cookie,
+                &[key.backend_addr],
+                key.backend_port,
+                &[value.vip],
+                value.vip_port
+            ),
             "{key:?} -> {value:?}"
         );
     }
