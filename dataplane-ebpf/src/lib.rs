@@ -17,7 +17,7 @@
 //! | `MCS_AFF_MATCH` | hash | [`AffinityMatchKey`] → 1 | agent |
 //! | `MCS_CONN_REVNAT` | array | socket cookie mod size → [`ConnRevNat`] | programs (connect claims; `sock_release` frees) |
 //! | `MCS_SK_REVNAT` | socket storage | socket → [`SockRevNat`] | programs (connect, when the socket's `MCS_CONN_REVNAT` entry is taken) |
-//! | `MCS_REVNAT4/6` | LRU hash | [`RevNatKey4`] / [`RevNatKey6`] → VIP, with the key's [`rev_tag`] (0 in entries of programs before it, which readers accept; no new pin version) | programs (sendmsg) |
+//! | `MCS_REVNAT4/6` | LRU hash | [`RevNatKey4`] / [`RevNatKey6`] → VIP, with the [`rev_tag`] of the key and the VIP (0 in entries of programs before it, which readers accept; no new pin version) | programs (sendmsg) |
 //! | `MCS_FE_NAMES` | hash | frontend id → [`FrontendName`] | agent (for `inspect`) |
 //! | `MCS_CLUSTERS` | hash | cluster id → [`ClusterName`] | agent (for `inspect`) |
 //!
@@ -314,7 +314,7 @@ pub struct RevNatKey4 {
 pub struct RevNatValue4 {
     pub vip: u32,
     pub vip_port: u16,
-    /// [`rev_tag`] of the key.
+    /// [`rev_tag`] of the key and the VIP.
     pub tag: u16,
 }
 
@@ -357,7 +357,7 @@ pub struct RevNatKey6 {
 pub struct RevNatValue6 {
     pub vip: [u32; 4],
     pub vip_port: u16,
-    /// [`rev_tag`] of the key.
+    /// [`rev_tag`] of the key and the VIP.
     pub tag: u16,
 }
 

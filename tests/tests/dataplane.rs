@@ -161,8 +161,8 @@ fn ports_reach_only_clusters_that_declare_them() {
 }
 
 /// 2: the IPv6 VIP reaches only IPv6 endpoints of clusters that declare IPv6, the IPv4 VIP
-/// only IPv4 endpoints of clusters that declare IPv4, over TCP and unconnected UDP (whose
-/// replies come from the VIP: the IPv6 reverse entries, each with its tag).
+/// only IPv4 endpoints of clusters that declare IPv4, over TCP; and the IPv6 VIP the same over
+/// unconnected UDP, whose replies come from it (the IPv6 reverse entries, each with its tag).
 #[test]
 fn each_family_reaches_only_clusters_of_that_family() {
     require_root!();
@@ -553,8 +553,8 @@ fn v4_mapped_destinations_of_dual_stack_sockets_are_load_balanced() {
 
 /// Unconnected UDP picks the backend by socket: every datagram of one socket reaches the same
 /// backend (a handshake that spans datagrams stays whole), over IPv4 and IPv4-mapped IPv6;
-/// sockets spread over all the backends. Each (socket, backend) reverse entry carries its
-/// key's tag, which `recvmsg4` checks before it uses the entry.
+/// sockets spread over all the backends. Each (socket, backend) reverse entry carries the tag
+/// of its key and VIP, which `recvmsg4` checks before it uses the entry.
 #[test]
 fn unconnected_udp_sticks_to_one_backend_per_socket() {
     require_root!();

@@ -6,7 +6,9 @@
 //!   and readiness;
 //! - [`DnsZone`]: the zone shared between the node role, which updates it from
 //!   `Node::apply` for the services an input change touched, and the server;
-//! - [`server`]: the hickory-server edge (UDP and TCP on each `--dns-listen` address).
+//! - [`server`]: the hickory-server edge (UDP and TCP on each `--dns-listen` address);
+//! - `tcp`: our TCP accept loop, with the connection caps; each connection is framed and
+//!   timed out by hickory and answered by the same handler as UDP.
 
 pub mod server;
 mod tcp;

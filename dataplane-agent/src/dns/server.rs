@@ -2,7 +2,8 @@
 //! node's [`DnsZone`]. Each `--dns-listen` address gets a UDP socket, read by one thread per
 //! core ([`DnsServer`]), and a TCP listener with a cap on open connections ([`super::tcp`]).
 //!
-//! Malformed messages get FORMERR from hickory itself (the handler never sees them); the
+//! Malformed messages get FORMERR from hickory over UDP and from [`super::tcp`] over TCP (the
+//! handler never sees them; over TCP none for one that says it is a response); the
 //! handler answers opcodes other than QUERY with NOTIMP, more or less than one question with
 //! FORMERR, EDNS versions above 0 with BADVERS, classes other than IN with REFUSED, and
 //! everything else from [`Zone::answer`](super::zone::Zone::answer). Answers that do not fit

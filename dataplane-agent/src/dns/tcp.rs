@@ -43,8 +43,9 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// How often a refused connection or failed accept is logged at WARN (DEBUG in between).
 const WARN_EVERY: Duration = Duration::from_secs(600);
 
-/// Default for `--dns-max-tcp-connections`: far more than the CoreDNS instances that forward
-/// truncated answers keep open, and small enough that they cost little memory.
+/// Default for `--dns-max-tcp-connections`: far more than the CoreDNS instances in front of
+/// the agents keep open (they forward over TCP what their clients ask over TCP, and answers
+/// truncated over UDP), and small enough that they cost little memory.
 pub const DEFAULT_MAX_TCP_CONNECTIONS: u32 = 256;
 
 /// The open connections of every listener of the server, in all and by client address.
