@@ -170,8 +170,9 @@ impl Family for V4 {
 
     /// An existing entry is rewritten in place by one compare-and-swap of its aligned 8-byte
     /// value (hash map values are 8-byte aligned), which `rev_lookup` reads with one load: a
-    /// reader sees the old VIP or the new one, never a mix, and the swap fails (then the entry
-    /// is inserted) once the element is another key's (see `rev_tag`). A socket that sends to
+    /// reader sees the old VIP or the new one, never a mix. The entry is inserted instead when
+    /// the value read is not this key's (its tag: see `rev_tag`), or when the swap fails
+    /// because the value changed after it was read. A socket that sends to
     /// several VIPs served by one backend rewrites its entry on every change of VIP; an insert
     /// there would take a new LRU node and free the old one each time.
     #[inline(always)]
