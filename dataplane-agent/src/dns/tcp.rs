@@ -12,7 +12,7 @@ use std::{
     collections::HashMap,
     net::{IpAddr, SocketAddr},
     sync::{Arc, Mutex, PoisonError},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use futures::StreamExt as _;
@@ -32,6 +32,7 @@ use hickory_server::{
 use tracing::{debug, warn};
 
 use super::server::ZoneRequestHandler;
+use crate::telemetry::WarnLimit;
 
 /// How long a TCP connection may stay idle.
 const TCP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -40,8 +41,6 @@ const TCP_RESPONSE_BUFFER: usize = 64;
 /// The pause after an accept that failed for want of descriptors or memory, instead of trying
 /// again at once.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-/// How often a refused connection or failed accept is logged at WARN (DEBUG in between).
-const WARN_EVERY: Duration = Duration::from_secs(600);
 
 /// Default for `--dns-max-tcp-connections`: far more than the CoreDNS instances in front of
 /// the agents keep open (they forward over TCP what their clients ask over TCP, and answers
@@ -70,7 +69,7 @@ struct Open {
 
 /// One admitted connection; gives its place back when dropped.
 struct Admitted {
-    open: Arc<Mutex<Open>>,
+    limits: Limits,
     client: IpAddr,
 }
 
@@ -85,27 +84,33 @@ impl Open {
     }
 }
 
-/// Takes a place for a connection from `client`, or says why there is none.
-fn admit(open: &Arc<Mutex<Open>>, client: IpAddr) -> Result<Admitted, &'static str> {
-    let mut o = open.lock().unwrap_or_else(PoisonError::into_inner);
-    let from_client = o.by_client.get(&client).copied().unwrap_or(0);
-    if o.total >= o.max {
-        return Err("the server's connection limit");
+impl Limits {
+    fn open(&self) -> std::sync::MutexGuard<'_, Open> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
-    if from_client >= o.per_client_max {
-        return Err("the per-client connection limit");
+
+    /// Takes a place for a connection from `client`, or says why there is none.
+    fn admit(&self, client: IpAddr) -> Result<Admitted, &'static str> {
+        let mut o = self.open();
+        let from_client = o.by_client.get(&client).copied().unwrap_or(0);
+        if o.total >= o.max {
+            return Err("the server's connection limit");
+        }
+        if from_client >= o.per_client_max {
+            return Err("the per-client connection limit");
+        }
+        o.total += 1;
+        *o.by_client.entry(client).or_default() += 1;
+        Ok(Admitted {
+            limits: self.clone(),
+            client,
+        })
     }
-    o.total += 1;
-    *o.by_client.entry(client).or_default() += 1;
-    Ok(Admitted {
-        open: open.clone(),
-        client,
-    })
 }
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        let mut o = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut o = self.limits.open();
         o.total -= 1;
         if let Some(n) = o.by_client.get_mut(&self.client) {
             *n -= 1;
@@ -116,23 +121,6 @@ impl Drop for Admitted {
     }
 }
 
-/// Logs at WARN at most every [`WARN_EVERY`], at DEBUG in between.
-struct Throttled(Option<Instant>);
-
-impl Throttled {
-    fn warn_now(&mut self) -> bool {
-        let now = Instant::now();
-        if self
-            .0
-            .is_some_and(|last| now.duration_since(last) < WARN_EVERY)
-        {
-            return false;
-        }
-        self.0 = Some(now);
-        true
-    }
-}
-
 /// Accepts connections on `listener` and answers their queries with `handler`, within
 /// `limits` (shared by the server's listeners), until the runtime stops.
 pub(super) async fn serve(
@@ -140,8 +128,7 @@ pub(super) async fn serve(
     handler: ZoneRequestHandler,
     limits: Limits,
 ) {
-    let open = limits.0;
-    let (mut refusals, mut failures) = (Throttled(None), Throttled(None));
+    let (refusals, failures) = (WarnLimit::default(), WarnLimit::default());
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -152,7 +139,7 @@ pub(super) async fn serve(
                     error.raw_os_error(),
                     Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
                 );
-                if starved && failures.warn_now() {
+                if starved && failures.now() {
                     warn!(%error, "DNS: accepting a TCP connection failed; pausing (further failures within 10 minutes are logged at DEBUG)");
                 } else {
                     debug!(%error, "DNS: accepting a TCP connection failed");
@@ -163,12 +150,12 @@ pub(super) async fn serve(
                 continue;
             }
         };
-        let admitted = match admit(&open, peer.ip()) {
+        let admitted = match limits.admit(peer.ip()) {
             Ok(admitted) => admitted,
             Err(limit) => {
                 // Closed at once: the client sees the close rather than a hang.
                 drop(stream);
-                if refusals.warn_now() {
+                if refusals.now() {
                     warn!(%peer, limit, "DNS: a TCP connection over the limit was closed (further ones within 10 minutes are logged at DEBUG)");
                 } else {
                     debug!(%peer, limit, "DNS: a TCP connection over the limit was closed");
@@ -255,24 +242,24 @@ mod tests {
 
     #[test]
     fn places_are_capped_in_all_and_per_client_and_given_back() {
-        let open = Limits::new(16).0;
+        let limits = Limits::new(16);
         let (a, b) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
-        let from_a: Vec<Admitted> = (0..2).map(|_| admit(&open, a).unwrap()).collect();
+        let from_a: Vec<Admitted> = (0..2).map(|_| limits.admit(a).unwrap()).collect();
         assert_eq!(
-            admit(&open, a).err(),
+            limits.admit(a).err(),
             Some("the per-client connection limit")
         );
         let others: Vec<Admitted> = (0..14)
-            .map(|i| admit(&open, IpAddr::from([10, 0, 1, i])).unwrap())
+            .map(|i| limits.admit(IpAddr::from([10, 0, 1, i])).unwrap())
             .collect();
-        assert_eq!(admit(&open, b).err(), Some("the server's connection limit"));
+        assert_eq!(limits.admit(b).err(), Some("the server's connection limit"));
         drop(from_a);
         assert!(
-            admit(&open, b).is_ok(),
+            limits.admit(b).is_ok(),
             "places come back when connections end"
         );
         drop(others);
-        let o = open.lock().unwrap();
+        let o = limits.open();
         assert_eq!((o.total, o.by_client.len()), (0, 0));
     }
 }

@@ -39,7 +39,10 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
-use crate::{source::feed::ChangeSender, telemetry::metrics::Metrics};
+use crate::{
+    source::feed::ChangeSender,
+    telemetry::{WarnLimit, metrics::Metrics},
+};
 use dataplane_core::{
     lb::inputs::{Change, import_input, slice_input},
     merge::MemberChange,
@@ -101,29 +104,20 @@ pub struct WatchHealth {
     failing: Reachability,
     /// Whether a failure was logged at WARN since the watch last answered.
     warned: AtomicBool,
-    /// When a failure was last logged at WARN.
-    last_warning: Mutex<Option<Instant>>,
+    /// Failures at WARN at most every 10 minutes: a watch that cannot work (RBAC without the
+    /// namespaces rule, or one the member probe keeps clearing) would otherwise warn every few
+    /// seconds.
+    warnings: WarnLimit,
 }
 
-/// The least time between two warnings about one watch's failures: a watch that cannot work
-/// (RBAC without the namespaces rule, or one the member probe keeps clearing) would otherwise
-/// warn every few seconds.
-const WATCH_WARNING_INTERVAL: Duration = Duration::from_secs(600);
-
 impl WatchHealth {
-    /// Whether a failure now is to be logged at WARN (else at DEBUG): at most once per
-    /// [`WATCH_WARNING_INTERVAL`].
+    /// Whether a failure now is to be logged at WARN (else at DEBUG).
     fn warn_now(&self) -> bool {
-        let mut last = self
-            .last_warning
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if last.is_some_and(|at| at.elapsed() < WATCH_WARNING_INTERVAL) {
-            return false;
+        let now = self.warnings.now();
+        if now {
+            self.warned.store(true, Ordering::Release);
         }
-        *last = Some(Instant::now());
-        self.warned.store(true, Ordering::Release);
-        true
+        now
     }
 
     /// Whether the first complete list has arrived.

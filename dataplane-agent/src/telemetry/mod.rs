@@ -5,7 +5,36 @@
 pub mod metrics;
 pub mod server;
 
+use std::{
+    sync::{Mutex, PoisonError},
+    time::Duration,
+};
+
+use tokio::time::Instant;
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+
+/// Keeps a repeated warning to one at WARN per [`WarnLimit::INTERVAL`] (the others go to
+/// DEBUG): a failure that cannot clear by itself (a watch without its RBAC rule, a DNS
+/// client over its limit) would otherwise fill the log.
+#[derive(Debug, Default)]
+pub struct WarnLimit {
+    last: Mutex<Option<Instant>>,
+}
+
+impl WarnLimit {
+    /// The least time between two warnings of one kind.
+    pub const INTERVAL: Duration = Duration::from_secs(600);
+
+    /// Whether to log at WARN now (and count it as the last warning).
+    pub fn now(&self) -> bool {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.is_some_and(|at| at.elapsed() < Self::INTERVAL) {
+            return false;
+        }
+        *last = Some(Instant::now());
+        true
+    }
+}
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
