@@ -68,9 +68,9 @@ impl RequestHandler for ZoneRequestHandler {
             .edns
             .as_ref()
             .map_or(512, |req| req.max_payload().clamp(512, MAX_UDP_PAYLOAD));
-        let response_edns = request.edns.as_ref().map(|req| {
+        let response_edns = request.edns.as_ref().map(|_| {
             let mut edns = Edns::new();
-            edns.set_max_payload(req.max_payload().clamp(512, MAX_UDP_PAYLOAD));
+            edns.set_max_payload(udp_limit);
             edns.set_version(0);
             edns
         });

@@ -152,10 +152,14 @@ impl Controller {
                 self.to_compare.extend(touched);
             }
             ControllerEvent::Namespaces(change) => {
-                for namespace in self.namespaces.apply(change) {
+                let opened = self.namespaces.apply(change);
+                if !opened.is_empty() {
                     let services = self.state.imports().map(|i| &i.service);
-                    self.to_compare
-                        .extend(services.filter(|s| *s.namespace == *namespace).cloned());
+                    self.to_compare.extend(
+                        services
+                            .filter(|s| opened.iter().any(|n| **n == *s.namespace))
+                            .cloned(),
+                    );
                 }
             }
         }
@@ -392,7 +396,8 @@ impl Controller {
                                 failed_exports.insert(service);
                             }
                         }
-                        // A slice deletion: compare every service again on the retry.
+                        // The deletion of a slice without a service label: retried on its own
+                        // schedule.
                         None => self.unlabelled.failed((), Instant::now()),
                     }
                     warn!(error = %e, "write failed; will retry");

@@ -29,32 +29,35 @@ impl LocalNamespaces {
 
     /// Files `change`; the namespaces that could not be written into and now can.
     pub fn apply(&mut self, change: NamespaceChange) -> Vec<String> {
-        let before: Option<BTreeSet<String>> = self.known.as_ref().map(|known| {
-            known
-                .iter()
-                .filter(|(_, live)| **live)
-                .map(|(name, _)| name.clone())
-                .collect()
-        });
+        // Before the first list every namespace counted as writable: nothing becomes so.
+        let listed = self.known.is_some();
         let known = self.known.get_or_insert_with(BTreeMap::new);
-        match change {
-            NamespaceChange::List(list) => *known = list.into_iter().collect(),
+        let opened: Vec<String> = match change {
+            NamespaceChange::List(list) => {
+                let list: BTreeMap<String, bool> = list.into_iter().collect();
+                let opened = (list.iter())
+                    .filter(|(name, live)| **live && known.get(*name) != Some(&true))
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                *known = list;
+                opened
+            }
             NamespaceChange::Put(name, live) => {
-                known.insert(name, live);
+                let was_live = known.insert(name.clone(), live) == Some(true);
+                if live && !was_live {
+                    vec![name]
+                } else {
+                    Vec::new()
+                }
             }
             NamespaceChange::Deleted(name) => {
                 known.remove(&name);
+                Vec::new()
             }
-        }
-        // Before the first list every namespace counted as writable: nothing becomes so.
-        let Some(before) = before else {
-            return Vec::new();
         };
-        let opened: Vec<String> = known
-            .iter()
-            .filter(|(name, live)| **live && !before.contains(*name))
-            .map(|(name, _)| name.clone())
-            .collect();
+        if !listed {
+            return Vec::new();
+        }
         for name in &opened {
             if self.skipped.remove(name) {
                 info!(namespace = %name, "namespace created: writing its ServiceImports");
